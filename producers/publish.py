@@ -1,0 +1,146 @@
+"""`draftgen publish`: read sources, normalize, and publish prompt records keyed by prompt_id."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from tqdm import tqdm
+
+from producers.normalize import make_prompt_record
+from producers.sources import Row, SourceSpec, mix_sources, row_error
+from streams.records import DeadLetter, RecordError
+from streams.settings import DEAD_LETTERS, PROMPTS, KafkaSettings
+from streams.topics import ensure_topics
+
+log = logging.getLogger(__name__)
+
+STAGE = "publish"
+# Bounded number of sends awaiting the broker's acknowledgement.
+MAX_OUTSTANDING = 1000
+
+
+@dataclass
+class PublishSummary:
+    published: int = 0
+    duplicates: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+    prompt_ids: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        rejected = sum(self.rejected.values())
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(self.rejected.items()))
+        return (
+            f"published {self.published}, skipped as duplicates {self.duplicates}, "
+            f"rejected {rejected}" + (f" ({kinds})" if kinds else "")
+        )
+
+
+def _source_name(spec: SourceSpec) -> str:
+    return spec.path
+
+
+async def publish(
+    kafka: KafkaSettings,
+    specs: list[SourceSpec],
+    limit: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+    progress: bool = True,
+) -> PublishSummary:
+    await ensure_topics(kafka)
+    producer = AIOKafkaProducer(
+        **kafka.aiokafka_kwargs(),
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=20,
+        max_request_size=kafka.max_message_bytes,
+        compression_type=None,
+    )
+    await producer.start()
+    summary = PublishSummary()
+    seen: set[str] = set()
+    pending: set[asyncio.Future[Any]] = set()
+    dead_topic = kafka.topic(DEAD_LETTERS)
+    bar = tqdm(total=limit, unit="prompt", disable=not progress, file=sys.stderr, desc="publish")
+
+    async def send(topic: str, key: bytes, value: bytes) -> None:
+        pending.add(await producer.send(topic, key=key, value=value))
+        if len(pending) >= MAX_OUTSTANDING:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            pending.difference_update(done)
+            for future in done:
+                future.result()  # a failed delivery fails the publish run loudly
+
+    async def reject(spec: SourceSpec, row: int, err: RecordError, raw: bytes) -> None:
+        summary.rejected[err.kind] += 1
+        letter = DeadLetter.for_payload(
+            STAGE,
+            err.kind,
+            f"{spec.path} row {row}: {err.message}",
+            raw[: kafka.max_message_bytes // 2],
+        )
+        await send(dead_topic, b"", letter.encode())
+
+    try:
+        for spec, row_number, row in mix_sources(specs, limit, storage_options=storage_options):
+            await _publish_row(spec, row_number, row, summary, seen, send, reject, kafka)
+            bar.update(1)
+        if pending:
+            for future in await asyncio.gather(*pending, return_exceptions=True):
+                if isinstance(future, BaseException):
+                    raise future
+        await producer.flush()
+    finally:
+        bar.close()
+        await producer.stop()
+    return summary
+
+
+async def _publish_row(
+    spec: SourceSpec,
+    row_number: int,
+    row: Row,
+    summary: PublishSummary,
+    seen: set[str],
+    send: Any,
+    reject: Any,
+    kafka: KafkaSettings,
+) -> None:
+    if isinstance(row, bytes):
+        await reject(spec, row_number, row_error(row), row)
+        return
+    try:
+        record = make_prompt_record(row, _source_name(spec), {"row": row_number})
+    except RecordError as err:
+        await reject(spec, row_number, err, _dump(row))
+        return
+    if record.prompt_id in seen:
+        summary.duplicates += 1
+        return
+    value = record.encode()
+    if len(value) > kafka.max_message_bytes:
+        too_large = RecordError(
+            "record_too_large",
+            f"{len(value)} bytes is more than the topic accepts ({kafka.max_message_bytes})",
+        )
+        log.warning("%s row %d: %s", spec.path, row_number, too_large.message)
+        await reject(spec, row_number, too_large, value)
+        return
+    seen.add(record.prompt_id)
+    await send(kafka.topic(PROMPTS), record.prompt_id.encode(), value)
+    summary.published += 1
+    summary.prompt_ids.append(record.prompt_id)
+
+
+def _dump(row: Any) -> bytes:
+    import orjson
+
+    try:
+        return orjson.dumps(row)
+    except TypeError:
+        return repr(row).encode()

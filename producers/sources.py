@@ -1,0 +1,379 @@
+"""Prompt sources: parse `path[:weight]` specs, read rows from files or datasets, mix sources.
+
+A source is one of
+- a JSONL file (``.jsonl``/``.ndjson``, optionally ``.gz``/``.bz2``/``.xz``), a JSON array file
+  (``.json``; loaded whole), or a Parquet file, on any fsspec URL (local path, ``s3://``, …);
+- a directory or glob of such files (read in sorted path order);
+- a directory written by ``datasets``' ``save_to_disk``, or a directory of other data files that
+  ``datasets.load_dataset`` understands (CSV, Arrow, …);
+- a Hugging Face Hub dataset: ``hf:org/name`` or ``hf:org/name:split`` (streamed, split
+  defaults to ``train``).
+
+Rows are ``(row_number, row)``: row numbers are 0-based (the line index in JSONL, blank lines
+counted; the row index otherwise) and run on across the files of a directory. A row that is not
+a JSON object comes out as its raw bytes so the caller can dead-letter it; reading never stops
+on a bad row.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import orjson
+import pyarrow.parquet as pq
+from fsspec.utils import infer_compression
+
+from streams.records import RecordError
+
+Row = dict[str, Any] | bytes
+
+HF_PREFIX = "hf:"
+_JSONL_EXTS = (".jsonl", ".ndjson")
+_PARQUET_EXTS = (".parquet", ".pq")
+_COMPRESSION_EXTS = (".gz", ".bz2", ".xz", ".lzma", ".zst")
+_DATA_EXTS = (*_JSONL_EXTS, ".json", *_PARQUET_EXTS)
+_READ_CHUNK = 1 << 20
+_PARQUET_BATCH = 1024
+# A trailing `:weight`; digits only, so `:inf`, `:nan` or `:train` stay part of the path.
+_WEIGHT = re.compile(r"^(?P<path>.*):(?P<weight>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)$")
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    path: str
+    weight: float | None = None
+
+    def __str__(self) -> str:
+        return self.path if self.weight is None else f"{self.path}:{self.weight:g}"
+
+
+def parse_source_spec(text: str) -> SourceSpec:
+    """Parse ``path[:weight]``; the weight is a trailing ``:number`` > 0.
+
+    ``s3://bucket/x.jsonl:0.3`` → (``s3://bucket/x.jsonl``, 0.3); ``hf:org/name:train`` keeps
+    ``:train`` as the split; ``hf:org/name:train:2`` has weight 2.
+    """
+    text = text.strip()
+    if not text:
+        raise ValueError("empty source spec")
+    if text.endswith(":"):
+        raise ValueError(f"source spec {text!r} ends with ':' but gives no weight")
+    match = _WEIGHT.match(text)
+    if match is None:
+        return SourceSpec(text, None)
+    path, weight = match["path"], float(match["weight"])
+    if not path or path.endswith(":"):
+        raise ValueError(f"source spec {text!r} has no path before the weight")
+    if not (weight > 0 and math.isfinite(weight)):
+        raise ValueError(f"source spec {text!r}: weight must be a positive number")
+    return SourceSpec(path, weight)
+
+
+def bundled_sample_path() -> Path:
+    """The hand-written sample prompts shipped with the package (a JSONL file)."""
+    return Path(__file__).parent / "samples" / "sample_prompts.jsonl"
+
+
+def iter_rows(
+    spec: SourceSpec, storage_options: dict[str, Any] | None = None
+) -> Iterator[tuple[int, Row]]:
+    """Yield ``(row_number, row)`` for every row of the source, in a stable order.
+
+    The source is located at call time, so a missing path or an unsupported format raises
+    (FileNotFoundError, ValueError) here rather than on the first row.
+    """
+    options = storage_options or {}
+    if spec.path.startswith(HF_PREFIX):
+        return _iter_hf(spec.path[len(HF_PREFIX) :], options)
+    fs, path = fsspec.core.url_to_fs(spec.path, **options)
+    if any(ch in path for ch in "*?["):
+        files = sorted(p for p in fs.glob(path) if _is_data_file(p))
+        if not files:
+            raise FileNotFoundError(f"no jsonl/json/parquet files match {spec.path}")
+        return _iter_files(fs, files)
+    if fs.isdir(path):
+        if _is_saved_dataset(fs, path):
+            return _iter_saved_dataset(spec.path, None, options)
+        files = sorted(p for p in fs.find(path) if _is_data_file(p))
+        if files:
+            return _iter_files(fs, files)
+        # CSV, Arrow, a dataset card with configs, …: let `datasets` work it out
+        return _iter_load_dataset(spec.path, None, options)
+    if not fs.exists(path):
+        raise FileNotFoundError(f"source not found: {spec.path}")
+    if not _is_data_file(path):
+        raise ValueError(f"unsupported source format: {spec.path} (jsonl, json, parquet)")
+    return _iter_files(fs, [path])
+
+
+def _is_data_file(path: str) -> bool:
+    name = Path(path).name.lower()
+    if name.startswith((".", "_")):  # hidden files, Spark's _SUCCESS and friends
+        return False
+    return _strip_compression(name).endswith(_DATA_EXTS)
+
+
+def _strip_compression(name: str) -> str:
+    for ext in _COMPRESSION_EXTS:
+        if name.endswith(ext):
+            return name[: -len(ext)]
+    return name
+
+
+def _iter_files(fs: Any, files: Iterable[str]) -> Iterator[tuple[int, Row]]:
+    # Row numbers run on across files, so (source, row) names one row of the whole directory.
+    offset = 0
+    for path in files:
+        last = -1
+        for last, row in _iter_file(fs, path):
+            yield offset + last, row
+        offset += last + 1
+
+
+def _iter_file(fs: Any, path: str) -> Iterator[tuple[int, Row]]:
+    name = _strip_compression(Path(path).name).lower()
+    if name.endswith(_PARQUET_EXTS):
+        yield from _iter_parquet(fs, path)
+    elif name.endswith(_JSONL_EXTS):
+        yield from _iter_jsonl(fs, path)
+    elif name.endswith(".json"):
+        yield from _iter_json(fs, path)
+    else:
+        raise ValueError(f"unsupported source format: {path} (jsonl, json, parquet)")
+
+
+def _open(fs: Any, path: str) -> Any:
+    return fs.open(path, "rb", compression=infer_compression(path))
+
+
+def _iter_lines(f: Any) -> Iterator[bytes]:
+    # Our own splitter: fsspec's readline re-reads a whole block per line on remote files.
+    pending: list[bytes] = []
+    while chunk := f.read(_READ_CHUNK):
+        parts = chunk.split(b"\n")
+        if len(parts) == 1:
+            pending.append(chunk)
+            continue
+        pending.append(parts[0])
+        yield b"".join(pending)
+        yield from parts[1:-1]
+        pending = [parts[-1]] if parts[-1] else []
+    if pending:
+        yield b"".join(pending)
+
+
+def _parse_object(raw: bytes) -> Row:
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw
+    return value if isinstance(value, dict) else raw
+
+
+def _iter_jsonl(fs: Any, path: str) -> Iterator[tuple[int, Row]]:
+    with _open(fs, path) as f:
+        for number, line in enumerate(_iter_lines(f)):
+            if number == 0 and line.startswith(b"\xef\xbb\xbf"):  # UTF-8 BOM
+                line = line[3:]
+            if line.strip():
+                yield number, _parse_object(line)
+
+
+def _iter_json(fs: Any, path: str) -> Iterator[tuple[int, Row]]:
+    with _open(fs, path) as f:
+        data = f.read()
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    if not data.lstrip().startswith(b"["):  # JSON Lines under a .json name
+        for number, line in enumerate(data.split(b"\n")):
+            if line.strip():
+                yield number, _parse_object(line)
+        return
+    try:
+        items = orjson.loads(data)
+    except orjson.JSONDecodeError as err:
+        raise ValueError(f"{path}: not a JSON array: {err}") from None
+    for number, item in enumerate(items):
+        yield number, item if isinstance(item, dict) else orjson.dumps(item)
+
+
+def _iter_parquet(fs: Any, path: str) -> Iterator[tuple[int, Row]]:
+    with _open(fs, path) as f:
+        number = 0
+        for batch in pq.ParquetFile(f).iter_batches(batch_size=_PARQUET_BATCH):
+            for row in batch.to_pylist():
+                yield number, row
+                number += 1
+
+
+def _split_hf_name(rest: str) -> tuple[str, str | None]:
+    # `org/name:split`; a tail containing "/" belongs to a URL (`hf:s3://bucket/dir`).
+    name, sep, tail = rest.rpartition(":")
+    if sep and name and tail and "/" not in tail:
+        return name, tail
+    return rest, None
+
+
+def _iter_hf(rest: str, options: dict[str, Any]) -> Iterator[tuple[int, Row]]:
+    name, split = _split_hf_name(rest)
+    if not name:
+        raise ValueError("hf: source without a dataset name")
+    if "://" in name or Path(name).is_dir():  # a dataset on disk rather than on the Hub
+        fs, path = fsspec.core.url_to_fs(name, **options)
+        if not fs.isdir(path):
+            raise FileNotFoundError(f"source not found: {name}")
+        if _is_saved_dataset(fs, path):
+            return _iter_saved_dataset(name, split, options)
+    return _iter_load_dataset(name, split, options)
+
+
+def _is_saved_dataset(fs: Any, path: str) -> bool:
+    names = {Path(p).name for p in fs.ls(path, detail=False)}
+    return bool(names & {"state.json", "dataset_dict.json"})  # written by save_to_disk
+
+
+def _datasets() -> Any:
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError("reading this source needs the `datasets` package") from None
+    return datasets
+
+
+def _iter_saved_dataset(
+    url: str, split: str | None, options: dict[str, Any]
+) -> Iterator[tuple[int, Row]]:
+    loaded = _datasets().load_from_disk(url, storage_options=options or None)
+    yield from enumerate(_pick_split(loaded, split, url))
+
+
+def _iter_load_dataset(
+    name: str, split: str | None, options: dict[str, Any]
+) -> Iterator[tuple[int, Row]]:
+    # Streaming: bounded memory and no cache copy of the whole dataset. Storage options are
+    # for URLs (s3://…); the Hub uses its own credentials.
+    remote = "://" in name and options
+    loaded = _datasets().load_dataset(
+        name, split=split or "train", streaming=True, storage_options=options if remote else None
+    )
+    yield from enumerate(loaded)
+
+
+def _pick_split(loaded: Any, split: str | None, url: str) -> Any:
+    if not hasattr(loaded, "keys"):  # a single Dataset
+        return loaded
+    splits = list(loaded.keys())
+    if split is None:
+        split = "train" if "train" in splits or len(splits) != 1 else splits[0]
+    if split not in splits:
+        raise ValueError(f"{url}: no split {split!r} (have {', '.join(splits)})")
+    return loaded[split]
+
+
+def row_error(raw: bytes) -> RecordError:
+    """Why a row came out of `iter_rows` as bytes: `invalid_utf8`, `not_json` or `bad_shape`."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as err:
+        kind = "invalid_utf8" if "utf-8" in str(err).lower() else "not_json"
+        return RecordError(kind, str(err))
+    return RecordError("bad_shape", f"expected a JSON object, got {type(value).__name__}")
+
+
+def mix_sources(
+    specs: list[SourceSpec],
+    limit: int | None = None,
+    *,
+    seed: int = 0,
+    storage_options: dict[str, Any] | None = None,
+) -> Iterator[tuple[SourceSpec, int, Row]]:
+    """Rows of several sources, at most `limit` in all (None: until every source is exhausted).
+
+    Without weights the sources are read one after another. With weights (relative: 7 and 3
+    mean 70% and 30%) they are interleaved by stride scheduling: each source takes its turn
+    every 1/weight steps, so at any point the counts are within about one row per source of
+    the exact proportions; the seed only sets each source's starting phase. An exhausted
+    source drops out and the others keep their relative weights. Deterministic for given
+    specs, seed and source contents.
+    """
+    # Checked here, not in the generator, so a bad call fails at once rather than on first use.
+    weighted = [spec.weight is not None for spec in specs]
+    if any(weighted) and not all(weighted):
+        raise ValueError("give a weight to every source or to none")
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    iterators = [iter_rows(spec, storage_options) for spec in specs]  # a missing source fails now
+    order = _stride_order(specs, seed) if all(weighted) and specs else _sequential(specs)
+    return _mix(specs, iterators, order, limit)
+
+
+def _mix(
+    specs: list[SourceSpec],
+    iterators: list[Iterator[tuple[int, Row]]],
+    order: _Schedule,
+    limit: int | None,
+) -> Iterator[tuple[SourceSpec, int, Row]]:
+    if limit == 0:
+        return
+    with ExitStack() as stack:  # close every open file when the consumer stops early
+        for it in iterators:
+            close = getattr(it, "close", None)
+            if close is not None:
+                stack.callback(close)
+        emitted = 0
+        for index in order:
+            try:
+                number, row = next(iterators[index])
+            except StopIteration:
+                order.exhausted(index)
+                continue
+            yield specs[index], number, row
+            emitted += 1
+            if limit is not None and emitted >= limit:
+                return
+
+
+class _Schedule:
+    """An endless iterator of source indexes; a source leaves it once marked `exhausted`."""
+
+    def __init__(self, passes: dict[int, float], strides: dict[int, float]):
+        self._passes = passes
+        self._strides = strides
+        self._last: int | None = None
+
+    def __iter__(self) -> _Schedule:
+        return self
+
+    def __next__(self) -> int:
+        if self._last is not None:
+            self._passes[self._last] += self._strides[self._last]
+        if not self._passes:
+            raise StopIteration
+        # Lowest pass first; ties go to the earlier source.
+        self._last = min(self._passes, key=lambda i: (self._passes[i], i))
+        return self._last
+
+    def exhausted(self, index: int) -> None:
+        self._passes.pop(index, None)
+        if self._last == index:
+            self._last = None
+
+
+def _stride_order(specs: list[SourceSpec], seed: int) -> _Schedule:
+    rng = random.Random(seed)
+    strides = {i: 1.0 / float(spec.weight or 1.0) for i, spec in enumerate(specs)}
+    passes = {i: rng.random() * stride for i, stride in strides.items()}
+    return _Schedule(passes, strides)
+
+
+def _sequential(specs: list[SourceSpec]) -> _Schedule:
+    # Equal passes and zero strides: always the first source not yet exhausted.
+    return _Schedule(dict.fromkeys(range(len(specs)), 0.0), dict.fromkeys(range(len(specs)), 0.0))

@@ -1,0 +1,226 @@
+"""Write Arrow shards and their commit markers; read back only what is committed.
+
+A shard is durable before its marker is written, and readers trust only shards with a marker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import numpy as np
+import orjson
+import pyarrow as pa
+
+from sinks.layout import DatasetLayout, parse_shard_name
+
+SHARD_SCHEMA = pa.schema(
+    [
+        ("prompt_id", pa.string()),
+        ("source", pa.string()),
+        ("input_ids", pa.list_(pa.int32())),
+        ("loss_mask", pa.list_(pa.int8())),
+        ("num_tokens", pa.int32()),
+        ("num_loss_tokens", pa.int32()),
+        ("finish_reason", pa.string()),
+        ("token_source", pa.string()),
+        ("drift", pa.bool_()),
+        ("conversation_id", pa.string()),
+    ]
+)
+
+
+@dataclass
+class SampleRow:
+    prompt_id: str
+    source: str
+    input_ids: Sequence[int]
+    loss_mask: Sequence[int]
+    finish_reason: str
+    token_source: str
+    drift: bool | None = None
+    conversation_id: str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass(frozen=True)
+class ShardMarker:
+    """The commit marker: what a shard holds, so readers and restarts need not open it."""
+
+    partition: int
+    start_offset: int
+    end_offset: int
+    rows: int
+    tokens: int
+    loss_tokens: int
+    sha256: str
+    prompt_ids: list[str]
+    written_at: float
+
+    def encode(self) -> bytes:
+        return orjson.dumps(self.__dict__)
+
+    @classmethod
+    def decode(cls, raw: bytes) -> ShardMarker:
+        return cls(**orjson.loads(raw))
+
+
+def _list_array(rows: Sequence[Sequence[int]], dtype: Any, arrow_type: pa.DataType) -> pa.Array:
+    # One flat buffer plus offsets: no per-element Python objects on the Arrow side.
+    lengths = np.fromiter((len(r) for r in rows), dtype=np.int32, count=len(rows))
+    offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = (
+        np.concatenate([np.asarray(r, dtype=dtype) for r in rows]) if rows else np.array([], dtype)
+    )
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type=arrow_type))
+
+
+def rows_to_table(rows: Sequence[SampleRow]) -> pa.Table:
+    masks = [r.loss_mask for r in rows]
+    return pa.table(
+        {
+            "prompt_id": pa.array([r.prompt_id for r in rows], pa.string()),
+            "source": pa.array([r.source for r in rows], pa.string()),
+            "input_ids": _list_array([r.input_ids for r in rows], np.int32, pa.int32()),
+            "loss_mask": _list_array(masks, np.int8, pa.int8()),
+            "num_tokens": pa.array([len(r.input_ids) for r in rows], pa.int32()),
+            "num_loss_tokens": pa.array([int(sum(m)) for m in masks], pa.int32()),
+            "finish_reason": pa.array([r.finish_reason for r in rows], pa.string()),
+            "token_source": pa.array([r.token_source for r in rows], pa.string()),
+            "drift": pa.array([r.drift for r in rows], pa.bool_()),
+            "conversation_id": pa.array([r.conversation_id for r in rows], pa.string()),
+        },
+        schema=SHARD_SCHEMA,
+    )
+
+
+def table_to_ipc_stream(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+class ShardStore:
+    """One dataset version's shards and markers on an fsspec filesystem."""
+
+    def __init__(self, out: str, dataset: str, storage_options: dict[str, Any] | None = None):
+        self.fs, root = fsspec.core.url_to_fs(out, **(storage_options or {}))
+        self._local = "file" in _protocols(self.fs)
+        self.layout = DatasetLayout(root, dataset)
+        self.url = out.rstrip("/") + f"/{dataset}"
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def _put(self, path: str, data: bytes) -> None:
+        """Durable, all-or-nothing write: a single PUT on object stores, fsync+rename locally."""
+        if not self._local:
+            self.fs.pipe_file(path, data)
+            return
+        directory = os.path.dirname(path)
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def write_manifest(self, info: dict[str, Any]) -> None:
+        self._put(self.layout.manifest, orjson.dumps(info, option=orjson.OPT_INDENT_2))
+
+    def write_shard(
+        self, partition: int, start_offset: int, end_offset: int, rows: Sequence[SampleRow]
+    ) -> ShardMarker:
+        """Write the shard, then its marker. A window with no samples gets a marker only."""
+        table = rows_to_table(rows)
+        data = table_to_ipc_stream(table)
+        if rows:
+            self._put(self.layout.shard(partition, start_offset), data)
+        marker = ShardMarker(
+            partition=partition,
+            start_offset=start_offset,
+            end_offset=end_offset,
+            rows=len(rows),
+            tokens=int(sum(r.num_tokens for r in rows)),
+            loss_tokens=int(pa.compute.sum(table["num_loss_tokens"]).as_py() or 0),
+            sha256=hashlib.sha256(data).hexdigest() if rows else "",
+            prompt_ids=[r.prompt_id for r in rows],
+            written_at=time.time(),
+        )
+        self._put(self.layout.marker(partition, start_offset), marker.encode())
+        return marker
+
+    def delete_window(self, partition: int, start_offset: int) -> None:
+        """Marker first, so a reader never sees the shard unmarked-but-trusted."""
+        for path in (
+            self.layout.marker(partition, start_offset),
+            self.layout.shard(partition, start_offset),
+        ):
+            if self.fs.exists(path):
+                self.fs.rm_file(path)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def markers(self, partition: int | None = None) -> list[ShardMarker]:
+        pattern = f"part-{partition:04d}-*.json" if partition is not None else "part-*.json"
+        try:
+            paths = sorted(self.fs.glob(f"{self.layout.committed_dir}/{pattern}"))
+        except FileNotFoundError:
+            return []
+        if not paths:
+            return []
+        contents = self.fs.cat(paths)
+        return [ShardMarker.decode(contents[p]) for p in paths]
+
+    def committed_shard_paths(self) -> list[str]:
+        return [
+            self.layout.shard(m.partition, m.start_offset) for m in self.markers() if m.rows > 0
+        ]
+
+    def committed_shard_urls(self) -> list[str]:
+        """Full URLs (with protocol) of committed shards, for pyarrow / datasets readers."""
+        return [self.fs.unstrip_protocol(p) for p in self.committed_shard_paths()]
+
+    def read_table(self) -> pa.Table:
+        tables = []
+        for path in self.committed_shard_paths():
+            with self.fs.open(path, "rb") as handle:
+                tables.append(pa.ipc.open_stream(handle).read_all())
+        return pa.concat_tables(tables) if tables else SHARD_SCHEMA.empty_table()
+
+    def manifest(self) -> dict[str, Any] | None:
+        if not self.fs.exists(self.layout.manifest):
+            return None
+        return dict(orjson.loads(self.fs.cat_file(self.layout.manifest)))
+
+
+def _protocols(fs: fsspec.AbstractFileSystem) -> Iterable[str]:
+    protocol = fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+__all__ = [
+    "SHARD_SCHEMA",
+    "SampleRow",
+    "ShardMarker",
+    "ShardStore",
+    "parse_shard_name",
+    "rows_to_table",
+    "table_to_ipc_stream",
+]

@@ -1,0 +1,1 @@
+"""draftgen's streaming side: records, topics, the generate and tokenize agents, model families."""

@@ -1,0 +1,353 @@
+"""The `draftgen` command line. Bad arguments get one line, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from streams.settings import (
+    GenerateSettings,
+    KafkaSettings,
+    SamplingSettings,
+    Secret,
+    StorageSettings,
+    TokenizeSettings,
+)
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
+def _add_kafka(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    parser.add_argument(
+        "--bootstrap",
+        required=required,
+        default=os.environ.get("DRAFTGEN_BOOTSTRAP"),
+        help="Kafka bootstrap servers host:port[,host:port]",
+    )
+    parser.add_argument("--topic-prefix", default="", help="prefix for topic and group names")
+    parser.add_argument(
+        "--partitions",
+        type=_positive_int,
+        default=64,
+        help="partitions for topics this command creates (default 64)",
+    )
+
+
+def _kafka(args: argparse.Namespace) -> KafkaSettings:
+    if not args.bootstrap:
+        raise CliError("--bootstrap is required (or set DRAFTGEN_BOOTSTRAP)")
+    return KafkaSettings.from_env(args.bootstrap, args.topic_prefix, args.partitions)
+
+
+def _add_sampling(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-p", type=float, default=0.95)
+    parser.add_argument("--max-tokens", type=_positive_int, default=8192)
+    parser.add_argument("--seed", type=int, default=None)
+
+
+def _add_generate(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--concurrency",
+        type=_positive_int,
+        default=32,
+        help="requests kept in flight against the server (default 32)",
+    )
+    parser.add_argument("--model", default=None, help="served model name (default: ask the server)")
+    parser.add_argument(
+        "--family",
+        choices=["kimi_k2", "qwen3", "generic"],
+        default=None,
+        help="model family for the thinking kwarg (default: from the model name)",
+    )
+    parser.add_argument("--no-thinking", action="store_true", help="generate with thinking off")
+    parser.add_argument(
+        "--max-attempts",
+        type=_positive_int,
+        default=5,
+        help="attempts for transient errors before a dead letter (default 5)",
+    )
+    parser.add_argument("--request-timeout", type=float, default=1800.0)
+    parser.add_argument(
+        "--instance-id",
+        default=None,
+        help="static group membership id: a restart does not rebalance",
+    )
+    _add_sampling(parser)
+
+
+def _generate_settings(args: argparse.Namespace, server: str) -> GenerateSettings:
+    api_key = os.environ.get("DRAFTGEN_API_KEY") or os.environ.get("OPENAI_API_KEY")
+    return GenerateSettings(
+        server=server,
+        kafka=_kafka(args),
+        concurrency=args.concurrency,
+        sampling=SamplingSettings(args.temperature, args.top_p, args.max_tokens, args.seed),
+        model=args.model,
+        family=args.family,
+        thinking=not args.no_thinking,
+        api_key=Secret(api_key) if api_key else None,
+        request_timeout_s=args.request_timeout,
+        max_attempts=args.max_attempts,
+        instance_id=args.instance_id,
+    )
+
+
+def _add_tokenize(parser: argparse.ArgumentParser, out_required: bool = True) -> None:
+    parser.add_argument(
+        "--tokenizer", required=out_required, help="the target's tokenizer directory"
+    )
+    parser.add_argument(
+        "--out",
+        required=out_required,
+        help="output root: a local path, file:// or s3://bucket/prefix",
+    )
+    parser.add_argument("--dataset", required=out_required, help="dataset version name")
+    parser.add_argument(
+        "--chat-template", default=None, help="a .jinja file overriding the template"
+    )
+    parser.add_argument(
+        "--family",
+        choices=["kimi_k2", "qwen3", "generic"],
+        default=None,
+        help="model family (default: detected from the tokenizer's template)",
+    )
+    parser.add_argument(
+        "--token-source",
+        choices=["server", "rendered"],
+        default="server",
+        help="which ids to store when the server returned its own (default server)",
+    )
+    parser.add_argument("--shard-records", type=_positive_int, default=2000)
+    parser.add_argument("--shard-tokens", type=_positive_int, default=8_000_000)
+    parser.add_argument(
+        "--idle-flush",
+        type=float,
+        default=10.0,
+        help="seconds before an idle partition's open shard is written",
+    )
+
+
+def _tokenize_settings(args: argparse.Namespace, group_id: str | None = None) -> TokenizeSettings:
+    return TokenizeSettings(
+        tokenizer_dir=args.tokenizer,
+        dataset=args.dataset,
+        storage=StorageSettings.from_env(args.out),
+        kafka=_kafka(args),
+        family=args.family,
+        chat_template_file=args.chat_template,
+        token_source=args.token_source,
+        shard_max_records=args.shard_records,
+        shard_max_tokens=args.shard_tokens,
+        idle_flush_s=args.idle_flush,
+        group_id=group_id,
+    )
+
+
+# -- commands ------------------------------------------------------------------------------------
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from producers.publish import publish
+    from producers.sources import bundled_sample_path, parse_source_spec
+
+    sources = args.sources or [str(bundled_sample_path())]
+    try:
+        specs = [parse_source_spec(s) for s in sources]
+    except ValueError as err:
+        raise CliError(str(err)) from None
+    storage = StorageSettings.from_env("s3://")
+    summary = asyncio.run(
+        publish(_kafka(args), specs, args.limit, storage.storage_options(), not args.no_progress)
+    )
+    print(summary.line())
+    return 0
+
+
+def cmd_worker_generate(args: argparse.Namespace) -> int:
+    from streams.faust_app import run_worker
+    from streams.generate_app import build_generate_app
+    from streams.topics import ensure_topics
+
+    settings = _generate_settings(args, args.server)
+    asyncio.run(ensure_topics(settings.kafka))
+    app, _ = build_generate_app(settings)
+    run_worker(app, args.log_level)
+    return 0
+
+
+def cmd_worker_tokenize(args: argparse.Namespace, group_id: str | None = None) -> int:
+    from sinks.shards import ShardStore
+    from streams.faust_app import run_worker
+    from streams.tokenize_app import build_tokenize_app, manifest
+    from streams.tokenizer_loading import load_tokenizer
+    from streams.topics import ensure_topics
+
+    settings = _tokenize_settings(args, group_id)
+    loaded = load_tokenizer(settings.tokenizer_dir, settings.chat_template_file, settings.family)
+    store = ShardStore(settings.storage.out, settings.dataset, settings.storage.storage_options())
+    try:
+        store.write_manifest(manifest(settings, loaded))
+    except Exception as err:
+        raise CliError(
+            f"cannot write to {store.url}: {type(err).__name__}: "
+            f"{str(err).splitlines()[0][:200] if str(err) else ''}"
+        ) from None
+    asyncio.run(ensure_topics(settings.kafka))
+    app, _ = build_tokenize_app(settings, loaded, store)
+    run_worker(app, args.log_level)
+    return 0
+
+
+def cmd_emulate_server(args: argparse.Namespace) -> int:
+    from compose.emulator.server import run
+    from compose.emulator.settings import settings_from_args
+
+    run(settings_from_args(args))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from streams.run import run_pipeline
+
+    return run_pipeline(args)
+
+
+# -- parser --------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="draftgen", description=__doc__)
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("DRAFTGEN_LOG_LEVEL", "WARNING"),
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+    )
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = commands.add_parser("run", help="the whole pipeline in one command")
+    run.add_argument("sources", nargs="*", help="prompt sources (default: the bundled samples)")
+    run.add_argument("--bootstrap", default=None, help="an existing Kafka (default: start one)")
+    run.add_argument(
+        "--server",
+        action="append",
+        default=None,
+        help="an SGLang server URL, repeatable (default: start emulated servers)",
+    )
+    run.add_argument(
+        "--servers",
+        type=_positive_int,
+        default=2,
+        help="how many emulated servers to start when no --server (default 2)",
+    )
+    run.add_argument("--out", default=None, help="output root (default: runs/<time>/out)")
+    run.add_argument("--dataset", default="sample", help="dataset version name (default sample)")
+    run.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer directory (default: the bundled tiny Qwen3.6-format one)",
+    )
+    run.add_argument("--limit", type=_positive_int, default=None)
+    run.add_argument(
+        "--workdir", default=None, help="logs and local services (default runs/<time>)"
+    )
+    run.add_argument(
+        "--timeout", type=float, default=3600.0, help="give up if not done after this many seconds"
+    )
+    run.add_argument("--topic-prefix", default="")
+    run.add_argument("--partitions", type=_positive_int, default=64)
+    run.add_argument(
+        "--emulator-tokens-per-s",
+        type=float,
+        default=2000.0,
+        help="decode speed of emulated servers, per request",
+    )
+    _add_generate(run)
+
+    publish = commands.add_parser("publish", help="publish prompt sources to the prompts topic")
+    publish.add_argument(
+        "sources",
+        nargs="*",
+        help="JSONL/Parquet paths or URLs, hf:NAME[:SPLIT], each optionally PATH:WEIGHT",
+    )
+    publish.add_argument("--limit", type=_positive_int, default=None)
+    publish.add_argument("--no-progress", action="store_true")
+    _add_kafka(publish)
+    publish.set_defaults(handler=cmd_publish)
+
+    worker = commands.add_parser("worker", help="run one pipeline worker")
+    workers = worker.add_subparsers(dest="worker", required=True, parser_class=_Parser)
+    generate = workers.add_parser(
+        "generate", help="one generation worker bound to one SGLang server"
+    )
+    generate.add_argument("--server", required=True, help="the SGLang server's base URL")
+    _add_kafka(generate)
+    _add_generate(generate)
+    generate.set_defaults(handler=cmd_worker_generate)
+    tokenize = workers.add_parser("tokenize", help="completions → Arrow shards for one dataset")
+    _add_kafka(tokenize)
+    _add_tokenize(tokenize)
+    tokenize.set_defaults(handler=cmd_worker_tokenize)
+
+    emulate = commands.add_parser("emulate-server", help="an SGLang-compatible emulated server")
+    from compose.emulator.settings import add_emulator_arguments
+
+    add_emulator_arguments(emulate)
+    emulate.set_defaults(handler=cmd_emulate_server)
+    run.set_defaults(handler=cmd_run)
+    return parser
+
+
+def _known_errors() -> tuple[type[BaseException], ...]:
+    from compose.process import ServiceError
+    from streams.families import TokenizerDirError
+
+    return (CliError, TokenizerDirError, ServiceError, FileNotFoundError, PermissionError)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except _known_errors() as err:
+        print(f"draftgen {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _entry(*_: Any) -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

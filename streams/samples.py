@@ -1,0 +1,414 @@
+"""Completion records → training samples (token ids + loss mask), with drift measurement.
+
+Two token sources (see DESIGN.md, "Tokens and loss masks"):
+
+- ``server``: the ids the target produced, ``prompt_token_ids + output_token_ids``; the loss
+  mask is 0 over the prompt (including a prefilled ``<think>``) and 1 over the output.
+- ``rendered``: the prompt rendered by the target's chat template with the generation prompt
+  and thinking on, followed by the generated turn rendered in the family's own format. The
+  turn is appended rather than rendered by the template because templates blank or trim
+  history reasoning; appending keeps the final reasoning exactly. The mask is 1 exactly over
+  the turn, end-of-turn token included.
+
+When a completion has the server's ids, the rendered ids are also computed (if
+``measure_drift``) and compared, so that template or tokenizer drift is visible.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+from streams.families import FamilyProfile
+from streams.records import CompletionRecord, Message
+
+TokenSource = Literal["server", "rendered"]
+TOKEN_SOURCES: tuple[TokenSource, ...] = ("server", "rendered")
+
+
+@dataclass
+class Sample:
+    input_ids: list[int]
+    loss_mask: list[int]
+    token_source: TokenSource
+    # rendered ids differ from the server's (None: not measured)
+    drift: bool | None = None
+    # first position where they differ (None: no drift or not measured)
+    drift_position: int | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+class SampleError(Exception):
+    """A completion that cannot become a sample; `kind` names the failure for dead letters."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+        self.message = message
+
+
+@dataclass
+class RenderedText:
+    """A completion rendered as text: the prompt (ending with the generation prompt) and the
+    generated turn (exactly the supervised text)."""
+
+    prompt: str
+    turn: str
+    # the prompt ends in an added token, so the tokenizer splits there before anything else:
+    # encoding the two parts separately equals encoding the whole (half the work)
+    split_safe: bool
+
+
+class SampleBuilder:
+    """Builds samples for one tokenizer and model family; stateless between calls."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        profile: FamilyProfile,
+        prefer: str = "server",
+        *,
+        measure_drift: bool = True,
+        template_kwargs: Mapping[str, Any] | None = None,
+        min_loss_tokens: int = 1,
+    ) -> None:
+        if prefer not in TOKEN_SOURCES:
+            raise ValueError(f"prefer must be one of {TOKEN_SOURCES}, not {prefer!r}")
+        self.tokenizer = tokenizer
+        self.profile = profile
+        self.prefer = cast(TokenSource, prefer)
+        self.measure_drift = measure_drift
+        self.min_loss_tokens = min_loss_tokens
+        # Every kwarg explicit: Kimi's remote code defaults add_generation_prompt=True.
+        self._template_kwargs: dict[str, Any] = {
+            **profile.template_kwargs(thinking=True),
+            **(template_kwargs or {}),
+        }
+        self._vocab_size = len(tokenizer)
+        self._boundary_tokens = _boundary_tokens(tokenizer)
+
+    # -- public ---------------------------------------------------------------------------
+
+    def build(self, completion: CompletionRecord) -> Sample:
+        result = self.build_many([completion])[0]
+        if isinstance(result, SampleError):
+            raise result
+        return result
+
+    def build_many(self, completions: Sequence[CompletionRecord]) -> list[Sample | SampleError]:
+        """One result per completion, in order; all texts of the batch are encoded together."""
+        results: list[Sample | SampleError | None] = [None] * len(completions)
+        rendered: dict[int, RenderedText | SampleError] = {}
+        for i, completion in enumerate(completions):
+            server = _server_ids(completion)
+            if isinstance(server, SampleError):
+                results[i] = server
+                continue
+            if server is None or self.prefer == "rendered" or self.measure_drift:
+                try:
+                    rendered[i] = self.render(completion)
+                except SampleError as err:
+                    rendered[i] = err
+
+        encoded = self._encode(rendered)
+        for i, completion in enumerate(completions):
+            if results[i] is None:
+                results[i] = self._assemble(completion, encoded.get(i))
+        return cast(list[Sample | SampleError], results)
+
+    def render(self, completion: CompletionRecord) -> RenderedText:
+        """The prompt text (ending with the generation prompt) and the generated turn's text."""
+        messages = [self._prepare(m) for m in completion.messages]
+        generated = self._prepare(completion.generated_message())
+        prompt = self._apply_template(messages, completion.tools, add_generation_prompt=True)
+        if self.profile.name == "kimi_k2":
+            turn = _kimi_turn(generated, self.profile, completion, _count_calls(messages))
+        elif self.profile.name == "qwen3":
+            turn = _qwen_turn(generated, self.profile, completion)
+        else:
+            turn = self._template_turn(messages, generated, completion.tools, prompt)
+        return RenderedText(prompt, turn, prompt.endswith(self._boundary_tokens))
+
+    # -- rendering ------------------------------------------------------------------------
+
+    def _prepare(self, message: Message) -> Message:
+        """Qwen's template iterates tool-call arguments as a mapping: decode the JSON string."""
+        calls = message.get("tool_calls")
+        if self.profile.name != "qwen3" or not calls:
+            return message
+        return {**message, "tool_calls": [_decoded_arguments(call) for call in calls]}
+
+    def _apply_template(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]] | None,
+        *,
+        add_generation_prompt: bool,
+    ) -> str:
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages,
+                tools=tools or None,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                **self._template_kwargs,
+            )
+        except Exception as err:  # jinja errors, raise_exception(), bad message shapes
+            raise SampleError("template_error", f"{type(err).__name__}: {err}") from None
+        if not isinstance(text, str):
+            raise SampleError("template_error", f"template returned {type(text).__name__}")
+        return text
+
+    def _template_turn(
+        self,
+        messages: list[Message],
+        generated: Message,
+        tools: list[dict[str, Any]] | None,
+        prompt: str,
+    ) -> str:
+        """Unknown family: the template's rendering of the finished conversation past the
+        prompt (the generation prompt must reappear verbatim, else the turn is unknowable)."""
+        bare = self._apply_template(messages, tools, add_generation_prompt=False)
+        full = self._apply_template([*messages, generated], tools, add_generation_prompt=False)
+        if not (prompt.startswith(bare) and full.startswith(prompt)):
+            raise SampleError(
+                "prefix_mismatch", "the rendered conversation does not extend the prompt"
+            )
+        return full[len(prompt) :]
+
+    # -- tokens ---------------------------------------------------------------------------
+
+    def _encode(
+        self, rendered: dict[int, RenderedText | SampleError]
+    ) -> dict[int, tuple[list[int], int] | SampleError]:
+        """(ids, prompt length) per rendered completion, from one batch encode."""
+        texts: list[str] = []
+        for item in rendered.values():
+            if isinstance(item, RenderedText):
+                texts += [item.prompt, item.turn if item.split_safe else item.prompt + item.turn]
+        ids = iter(self._encode_texts(texts))
+        out: dict[int, tuple[list[int], int] | SampleError] = {}
+        for i, item in rendered.items():
+            if isinstance(item, SampleError):
+                out[i] = item
+                continue
+            prompt_ids, rest = next(ids), next(ids)
+            if item.split_safe:
+                out[i] = (prompt_ids + rest, len(prompt_ids))
+            elif rest[: len(prompt_ids)] == prompt_ids:
+                out[i] = (rest, len(prompt_ids))
+            else:
+                position = _first_difference(prompt_ids, rest)
+                out[i] = SampleError(
+                    "prefix_mismatch",
+                    f"the prompt's tokens are not a prefix of the sample's (position {position})",
+                )
+        return out
+
+    def _encode_texts(self, texts: list[str]) -> list[list[int]]:
+        if not texts:
+            return []
+        if getattr(self.tokenizer, "is_fast", False):
+            # the Rust batch encoder, parallel across texts
+            encoded = self.tokenizer(
+                texts,
+                add_special_tokens=False,
+                return_attention_mask=False,
+                return_token_type_ids=False,
+            )
+            return cast(list[list[int]], encoded["input_ids"])
+        return [self.tokenizer.encode(text, add_special_tokens=False) for text in texts]
+
+    def _assemble(
+        self,
+        completion: CompletionRecord,
+        rendered: tuple[list[int], int] | SampleError | None,
+    ) -> Sample | SampleError:
+        server = _server_ids(completion)
+        assert not isinstance(server, SampleError)  # checked in build_many
+        if server is None or self.prefer == "rendered":
+            if rendered is None or isinstance(rendered, SampleError):
+                return rendered or SampleError("internal", "completion was not rendered")
+            ids, prompt_len = rendered
+            sample = Sample(ids, _mask(prompt_len, len(ids) - prompt_len), "rendered")
+        else:
+            prompt_ids, output_ids = server
+            ids = prompt_ids + output_ids
+            sample = Sample(ids, _mask(len(prompt_ids), len(output_ids)), "server")
+        if server is not None and isinstance(rendered, tuple):
+            server_all = server[0] + server[1]
+            sample.drift = rendered[0] != server_all
+            if sample.drift:
+                sample.drift_position = _first_difference(rendered[0], server_all)
+        return self._checked(sample)
+
+    def _checked(self, sample: Sample) -> Sample | SampleError:
+        if sample.input_ids and max(sample.input_ids) >= self._vocab_size:
+            return SampleError(
+                "token_out_of_range",
+                f"token id {max(sample.input_ids)} >= vocabulary size {self._vocab_size}",
+            )
+        loss = sum(sample.loss_mask)
+        if loss < self.min_loss_tokens:
+            return SampleError(
+                "too_few_loss_tokens", f"{loss} supervised tokens (< {self.min_loss_tokens})"
+            )
+        return sample
+
+
+# -- family formats of the generated turn --------------------------------------------------
+
+
+def _turn_parts(generated: Message, completion: CompletionRecord) -> tuple[str | None, str, bool]:
+    """(reasoning, content, finished): `finished` is False for a length-truncated output,
+    which has no end-of-turn token (and no think close if it stopped inside the reasoning)."""
+    reasoning = generated.get("reasoning_content")
+    content = generated.get("content") or ""
+    if not isinstance(content, str):
+        raise SampleError("bad_message", "generated content is not a string")
+    if reasoning is not None and not isinstance(reasoning, str):
+        raise SampleError("bad_message", "reasoning_content is not a string")
+    return reasoning, content, completion.finish_reason != "length"
+
+
+def _in_reasoning(content: str, generated: Message, finished: bool) -> bool:
+    """Truncated before the think block closed: nothing after the reasoning was written."""
+    return not finished and not content and not generated.get("tool_calls")
+
+
+def _kimi_turn(
+    generated: Message, profile: FamilyProfile, completion: CompletionRecord, calls_before: int
+) -> str:
+    """`{reasoning}</think>{content}<|tool_calls_section_begin|>…<|im_end|>` (K2.5/K2.6)."""
+    reasoning, content, finished = _turn_parts(generated, completion)
+    head = "" if profile.prefills_think else profile.think_open
+    if _in_reasoning(content, generated, finished):
+        return head + (reasoning or "")
+    text = head + (reasoning or "") + profile.think_close + content
+    calls = generated.get("tool_calls") or []
+    if calls:
+        text += "<|tool_calls_section_begin|>"
+        for index, call in enumerate(calls, start=calls_before):
+            function = _function(call)
+            arguments = function.get("arguments", "")
+            if not isinstance(arguments, str):
+                arguments = json.dumps(arguments, ensure_ascii=False)
+            text += (
+                f"<|tool_call_begin|>{_kimi_call_id(call, function, index)}"
+                f"<|tool_call_argument_begin|>{arguments}<|tool_call_end|>"
+            )
+        text += "<|tool_calls_section_end|>"
+    return text + (profile.end_of_turn if finished else "")
+
+
+def _kimi_call_id(call: Mapping[str, Any], function: Mapping[str, Any], index: int) -> str:
+    """Kimi's ids are `functions.{name}:{index}`, index counted over the conversation."""
+    given = call.get("id")
+    if isinstance(given, str) and given.startswith("functions."):
+        return given
+    return f"functions.{function.get('name', '')}:{index}"
+
+
+def _qwen_turn(generated: Message, profile: FamilyProfile, completion: CompletionRecord) -> str:
+    """`{reasoning}\\n</think>\\n\\n{content}<tool_call>…<|im_end|>`, trimmed like the template."""
+    reasoning, content, finished = _turn_parts(generated, completion)
+    head = "" if profile.prefills_think else profile.think_open + "\n"
+    if _in_reasoning(content, generated, finished):
+        return head + (reasoning or "")
+    content = content.strip()
+    if reasoning is None and profile.think_close in content:
+        # the template splits an inline think block out of the content
+        inline, _, content = content.partition(profile.think_close)
+        reasoning = inline.split(profile.think_open)[-1]
+        content = content.lstrip("\n")
+    text = head + (reasoning or "").strip() + f"\n{profile.think_close}\n\n" + content
+    for position, call in enumerate(generated.get("tool_calls") or []):
+        function = _function(call)
+        if position == 0:
+            text += "\n\n<tool_call>" if content.strip() else "<tool_call>"
+        else:
+            text += "\n<tool_call>"
+        text += f"\n<function={function.get('name', '')}>\n"
+        arguments = function.get("arguments") or {}
+        for name, value in arguments.items():
+            text += f"<parameter={name}>\n{_qwen_value(value)}\n</parameter>\n"
+        text += "</function>\n</tool_call>"
+    return text + (profile.end_of_turn if finished else "")
+
+
+def _qwen_value(value: Any) -> str:
+    """As the template prints it: JSON for objects and arrays, Python's str() otherwise."""
+    if isinstance(value, Mapping | list | tuple):
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def _function(call: Mapping[str, Any]) -> Mapping[str, Any]:
+    function = call.get("function", call)
+    if not isinstance(function, Mapping):
+        raise SampleError("bad_tool_call", f"tool call without a function: {call!r:.200}")
+    return function
+
+
+def _decoded_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
+    function = _function(call)
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError as err:
+            raise SampleError("bad_tool_arguments", f"arguments are not JSON: {err}") from None
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, Mapping):
+        raise SampleError("bad_tool_arguments", "arguments are not a JSON object")
+    decoded = {**function, "arguments": dict(arguments)}
+    return {**call, "function": decoded} if "function" in call else decoded
+
+
+def _count_calls(messages: Iterable[Message]) -> int:
+    return sum(len(m.get("tool_calls") or []) for m in messages if m.get("role") == "assistant")
+
+
+def _server_ids(completion: CompletionRecord) -> tuple[list[int], list[int]] | SampleError | None:
+    prompt, output = completion.prompt_token_ids, completion.output_token_ids
+    if prompt is None and output is None:
+        return None
+    if not isinstance(prompt, list) or not isinstance(output, list):
+        return SampleError("bad_token_ids", "only one of prompt/output token ids is present")
+    return prompt, output
+
+
+def _mask(zeros: int, ones: int) -> list[int]:
+    return [0] * zeros + [1] * ones
+
+
+def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
+    for index, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return index
+    return min(len(a), len(b))
+
+
+def _boundary_tokens(tokenizer: Any) -> tuple[str, ...]:
+    """Added tokens after which the tokenizer always splits: not stripping the text that
+    follows, and not the start of a longer added token."""
+    decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    tokens = {
+        str(getattr(token, "content", token))
+        for token in decoder.values()
+        if not getattr(token, "rstrip", False) and not getattr(token, "single_word", False)
+    }
+    return tuple(t for t in tokens if t and not any(o != t and o.startswith(t) for o in tokens))

@@ -1,0 +1,65 @@
+"""`draftgen worker tokenize` / `draftgen replay`: the Faust app around TokenizeWorker."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import faust
+
+from sinks.shards import ShardStore
+from streams.faust_app import create_app, kafka_sender, raw_topic
+from streams.samples import SampleBuilder
+from streams.settings import COMPLETIONS, DEAD_LETTERS, TokenizeSettings
+from streams.tokenize import TokenizeWorker
+from streams.tokenizer_loading import LoadedTokenizer
+
+
+def manifest(settings: TokenizeSettings, loaded: LoadedTokenizer) -> dict[str, Any]:
+    return {
+        "dataset": settings.dataset,
+        "tokenizer_dir": str(loaded.directory),
+        "chat_template_sha256": loaded.template_sha256,
+        "chat_template_file": settings.chat_template_file,
+        "family": loaded.profile.name,
+        "token_source": settings.token_source,
+        "consumer_group": settings.consumer_group,
+        "shard_max_records": settings.shard_max_records,
+        "shard_max_tokens": settings.shard_max_tokens,
+        "created_at": time.time(),
+    }
+
+
+def build_tokenize_app(
+    settings: TokenizeSettings, loaded: LoadedTokenizer, store: ShardStore
+) -> tuple[faust.App, TokenizeWorker]:
+    kafka = settings.kafka
+    app = create_app(
+        settings.consumer_group,
+        kafka,
+        prefetch=min(settings.shard_max_records, 1024),
+        offset_reset="earliest" if settings.from_beginning else "latest",
+    )
+    worker = TokenizeWorker(
+        settings,
+        SampleBuilder(loaded.tokenizer, loaded.profile, prefer=settings.token_source),
+        store,
+        kafka_sender(app),
+        dead_letters_topic=kafka.topic(DEAD_LETTERS),
+    )
+
+    @app.agent(raw_topic(app, kafka.topic(COMPLETIONS)), name="tokenize")
+    async def tokenize(stream: Any) -> None:
+        # Acks are ours: a window's events are acked after its shard and marker are written.
+        async for event in stream.noack().events():
+            await worker.add(event)
+
+    @app.timer(interval=1.0)
+    async def flush_idle() -> None:
+        await worker.flush_idle()
+
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # faust types are narrower than its runtime
+    async def on_revoked(sender: Any, *args: Any, **_: Any) -> None:
+        worker.forget_partitions(args[0])  # faust sends the revoked set positionally
+
+    return app, worker

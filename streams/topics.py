@@ -1,0 +1,47 @@
+"""Create the pipeline's topics explicitly (never rely on broker auto-creation)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from streams.settings import COMPLETIONS, DEAD_LETTERS, PROMPTS, KafkaSettings
+
+log = logging.getLogger(__name__)
+
+
+def topic_configs(kafka: KafkaSettings) -> dict[str, dict[str, str]]:
+    max_bytes = str(kafka.max_message_bytes)
+    return {
+        PROMPTS: {"retention.ms": str(30 * 24 * 3600 * 1000), "max.message.bytes": max_bytes},
+        # The source of truth for replay: kept forever.
+        COMPLETIONS: {
+            "retention.ms": "-1",
+            "retention.bytes": "-1",
+            "max.message.bytes": max_bytes,
+        },
+        DEAD_LETTERS: {"retention.ms": str(90 * 24 * 3600 * 1000), "max.message.bytes": max_bytes},
+    }
+
+
+async def ensure_topics(kafka: KafkaSettings) -> list[str]:
+    """Create missing topics; returns the names created."""
+    admin = AIOKafkaAdminClient(**kafka.aiokafka_kwargs())
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        wanted = [
+            NewTopic(kafka.topic(name), kafka.partitions, 1, topic_configs=config)
+            for name, config in topic_configs(kafka).items()
+            if kafka.topic(name) not in existing
+        ]
+        if wanted:
+            with contextlib.suppress(TopicAlreadyExistsError):  # another process won the race
+                await admin.create_topics(wanted)
+            log.info("created topics %s", ", ".join(t.name for t in wanted))
+        return [t.name for t in wanted]
+    finally:
+        await admin.close()

@@ -1,0 +1,68 @@
+"""Session-wide real infrastructure: one Kafka broker and one SeaweedFS, started once, by PID.
+
+Each test isolates itself with its own topic prefix (and so its own consumer groups) and its
+own bucket prefix, so tests can share the two services.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from compose.seaweedfs import SeaweedS3
+from compose.stack import LocalStack
+
+
+@pytest.fixture(scope="session")
+def infra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    stack = LocalStack(tmp_path_factory.mktemp("infra"))
+    try:
+        stack.start_kafka()
+        stack.start_s3().create_bucket("draftgen-test")
+        yield stack
+    finally:
+        stack.stop_all()
+
+
+@pytest.fixture(scope="session")
+def bootstrap(infra: LocalStack) -> str:
+    assert infra.kafka is not None
+    return infra.kafka.bootstrap
+
+
+@pytest.fixture(scope="session")
+def s3(infra: LocalStack) -> SeaweedS3:
+    assert infra.s3 is not None
+    return infra.s3
+
+
+@pytest.fixture
+def topic_prefix() -> str:
+    return f"t{uuid.uuid4().hex[:8]}-"
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[LocalStack]:
+    """Per-test processes (emulators, workers), stopped by PID at the end of the test."""
+    local = LocalStack(tmp_path / "stack")
+    try:
+        yield local
+    finally:
+        local.stop_all()
+
+
+@pytest.fixture
+def s3_env(s3: SeaweedS3) -> dict[str, str]:
+    """Environment giving a worker the S3 endpoint and credentials (never on its command line)."""
+    return {
+        "DRAFTGEN_S3_ENDPOINT_URL": s3.endpoint.endpoint_url,
+        "DRAFTGEN_S3_ACCESS_KEY": s3.endpoint.access_key,
+        "DRAFTGEN_S3_SECRET_KEY": s3.endpoint.secret_key,
+        # a dead test consumer should not hold its partitions for a minute
+        "DRAFTGEN_KAFKA_SESSION_TIMEOUT_S": "10",
+        "PATH": os.environ.get("PATH", ""),
+    }

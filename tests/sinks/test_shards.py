@@ -1,0 +1,67 @@
+"""Shard naming and the write-then-mark protocol, on the local filesystem (no S3 needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from sinks.layout import DatasetLayout, parse_shard_name, shard_stem
+from sinks.shards import SampleRow, ShardStore
+
+
+def test_shard_names_hold_partition_and_start_offset_only() -> None:
+    assert shard_stem(3, 1234) == "part-0003-000000001234"
+    layout = DatasetLayout("s3://bucket/prefix/", "v1")
+    assert layout.shard(3, 1234) == "s3://bucket/prefix/v1/data/part-0003-000000001234.arrow"
+    assert layout.marker(3, 1234) == "s3://bucket/prefix/v1/_committed/part-0003-000000001234.json"
+    assert parse_shard_name(layout.shard(12, 99)) == (12, 99)
+    with pytest.raises(ValueError):
+        parse_shard_name("part-3-12.arrow")
+    with pytest.raises(ValueError):
+        shard_stem(-1, 0)
+
+
+def rows(*ids: str) -> list[SampleRow]:
+    return [SampleRow(pid, "src", [1, 2, 3, 4], [0, 0, 1, 1], "stop", "server") for pid in ids]
+
+
+def test_written_shard_is_committed_and_readable(tmp_path: Path) -> None:
+    store = ShardStore(str(tmp_path), "v1")
+    marker = store.write_shard(0, 100, 102, rows("a", "b", "c"))
+    assert (marker.rows, marker.tokens, marker.loss_tokens) == (3, 12, 6)
+    assert marker.prompt_ids == ["a", "b", "c"]
+    table = store.read_table()
+    assert table.column("prompt_id").to_pylist() == ["a", "b", "c"]
+    assert table.schema.field("input_ids").type == pa.list_(pa.int32())
+    assert table.schema.field("loss_mask").type == pa.list_(pa.int8())
+    # IPC stream format, readable with pyarrow directly
+    with open(store.committed_shard_paths()[0], "rb") as handle:
+        assert pa.ipc.open_stream(handle).read_all().num_rows == 3
+
+
+def test_rewrite_after_crash_replaces_the_same_object(tmp_path: Path) -> None:
+    store = ShardStore(str(tmp_path), "v1")
+    store.write_shard(1, 0, 9, rows("a", "b"))
+    store.write_shard(1, 0, 12, rows("a", "b", "c"))
+    assert len(store.markers()) == 1
+    assert store.read_table().num_rows == 3
+
+
+def test_readers_ignore_shards_without_a_marker(tmp_path: Path) -> None:
+    store = ShardStore(str(tmp_path), "v1")
+    store.write_shard(2, 0, 1, rows("a"))
+    store.write_shard(2, 2, 3, rows("b"))
+    Path(store.layout.marker(2, 2)).unlink()  # crashed between shard and marker
+    assert store.read_table().column("prompt_id").to_pylist() == ["a"]
+    store.delete_window(2, 0)
+    assert store.read_table().num_rows == 0
+
+
+def test_window_without_samples_gets_a_marker_only(tmp_path: Path) -> None:
+    store = ShardStore(str(tmp_path), "v1")
+    marker = store.write_shard(0, 5, 7, [])
+    assert marker.rows == 0
+    assert store.committed_shard_paths() == []
+    assert not Path(store.layout.shard(0, 5)).exists()
