@@ -221,6 +221,22 @@ def cmd_worker_tokenize(args: argparse.Namespace, group_id: str | None = None) -
     return 0
 
 
+def cmd_dead_letters(args: argparse.Namespace) -> int:
+    from streams.dead_letters import Selection, read_dead_letters, republish, summarize
+
+    kafka = _kafka(args)
+    selection = Selection(args.stage, args.kind)
+    if args.republish:
+        sent, still_bad = asyncio.run(republish(kafka, selection))
+        print(
+            f"re-published {sent}" + "".join(f", still bad {k} {n}" for k, n in still_bad.items())
+        )
+        return 0
+    letters = [x for x in asyncio.run(read_dead_letters(kafka)) if selection.matches(x)]
+    print("\n".join(summarize(letters)))
+    return 0
+
+
 def cmd_emulate_server(args: argparse.Namespace) -> int:
     from compose.emulator.server import run
     from compose.emulator.settings import settings_from_args
@@ -311,6 +327,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tokenize(tokenize)
     tokenize.set_defaults(handler=cmd_worker_tokenize)
 
+    dead = commands.add_parser("dead-letters", help="list dead letters; re-publish after a fix")
+    dead.add_argument("--stage", choices=["publish", "generate", "tokenize"], default=None)
+    dead.add_argument("--kind", default=None, help="reason kind, a glob (e.g. 'http_*')")
+    dead.add_argument(
+        "--republish",
+        action="store_true",
+        help="send the selected letters' payloads back to their stage's input topic",
+    )
+    _add_kafka(dead)
+    dead.set_defaults(handler=cmd_dead_letters)
+
     emulate = commands.add_parser("emulate-server", help="an SGLang-compatible emulated server")
     from compose.emulator.settings import add_emulator_arguments
 
@@ -335,6 +362,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # One line per HTTP request is per-record logging: keep the clients quiet at INFO.
+    for noisy in ("httpx", "httpx2", "openai", "aiokafka"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    # Retried NotLeader answers on fresh partitions are routine, not worth a line each.
+    logging.getLogger("aiokafka.producer.sender").setLevel(logging.ERROR)
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)

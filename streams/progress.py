@@ -59,17 +59,25 @@ class DeadLetterReader:
             auto_offset_reset="earliest",
         )
         await consumer.start()
+        return consumer
+
+    async def _assign(self, consumer: AIOKafkaConsumer) -> bool:
         topic = self.kafka.topic(DEAD_LETTERS)
-        partitions = consumer.partitions_for_topic(topic) or set()
+        await consumer.topics()  # refreshes cluster metadata
+        partitions = consumer.partitions_for_topic(topic)
+        if not partitions:
+            return False  # not created yet
         consumer.assign([TopicPartition(topic, p) for p in partitions])
         await consumer.seek_to_beginning()
-        return consumer
+        return True
 
     async def poll(self) -> DeadLetterTally:
         """Read whatever is new, up to the current end of the topic."""
         if self._consumer is None:
             self._consumer = await self._start()
         consumer = self._consumer
+        if not consumer.assignment() and not await self._assign(consumer):
+            return self.tally
         ends = await consumer.end_offsets(list(consumer.assignment()))
         while await self._behind(consumer, ends):
             batch = await consumer.getmany(timeout_ms=1000, max_records=5000)

@@ -17,15 +17,21 @@ When a completion has the server's ids, the rendered ids are also computed (if
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
+
+import tiktoken
 
 from streams.families import FamilyProfile
 from streams.records import CompletionRecord, Message
 
 TokenSource = Literal["server", "rendered"]
 TOKEN_SOURCES: tuple[TokenSource, ...] = ("server", "rendered")
+# The split point is searched for in the prompt's last characters only (generation prompts
+# are short); a prompt without an added token there is encoded whole.
+_TAIL_WINDOW = 512
 
 
 @dataclass
@@ -63,9 +69,11 @@ class RenderedText:
 
     prompt: str
     turn: str
-    # the prompt ends in an added token, so the tokenizer splits there before anything else:
-    # encoding the two parts separately equals encoding the whole (half the work)
-    split_safe: bool
+    # Where the prompt can be cut: just after its last added token. Tokenizers split the text
+    # at added tokens before anything else, so the ids of `prompt + turn` are the ids of
+    # `prompt[:split]` followed by those of `prompt[split:] + turn`: the prefix check then
+    # needs only the (short) tail, and nothing is encoded twice.
+    split: int
 
 
 class SampleBuilder:
@@ -94,7 +102,7 @@ class SampleBuilder:
             **(template_kwargs or {}),
         }
         self._vocab_size = len(tokenizer)
-        self._boundary_tokens = _boundary_tokens(tokenizer)
+        self._boundary = _boundary_pattern(tokenizer)
 
     # -- public ---------------------------------------------------------------------------
 
@@ -136,7 +144,7 @@ class SampleBuilder:
             turn = _qwen_turn(generated, self.profile, completion)
         else:
             turn = self._template_turn(messages, generated, completion.tools, prompt)
-        return RenderedText(prompt, turn, prompt.endswith(self._boundary_tokens))
+        return RenderedText(prompt, turn, self._split_point(prompt))
 
     # -- rendering ------------------------------------------------------------------------
 
@@ -187,45 +195,78 @@ class SampleBuilder:
 
     # -- tokens ---------------------------------------------------------------------------
 
+    def _split_point(self, prompt: str) -> int:
+        """End of the last added token in the prompt's tail (0: none, encode it all)."""
+        if self._boundary is None:
+            return 0
+        offset = max(0, len(prompt) - _TAIL_WINDOW)
+        end = 0
+        for match in self._boundary.finditer(prompt, offset):
+            end = match.end()
+        return end
+
     def _encode(
         self, rendered: dict[int, RenderedText | SampleError]
     ) -> dict[int, tuple[list[int], int] | SampleError]:
-        """(ids, prompt length) per rendered completion, from one batch encode."""
-        texts: list[str] = []
-        for item in rendered.values():
-            if isinstance(item, RenderedText):
-                texts += [item.prompt, item.turn if item.split_safe else item.prompt + item.turn]
-        ids = iter(self._encode_texts(texts))
+        """(ids, prompt length) per rendered completion, from one batch encode.
+
+        The sample is the encoding of `prompt + turn`, and the prompt's own encoding must be
+        its prefix, or the mask boundary would cut a token: `prefix_mismatch`."""
+        pieces = {
+            i: [item.prompt[: item.split], item.prompt[item.split :], item.prompt[item.split :]]
+            for i, item in rendered.items()
+            if isinstance(item, RenderedText)
+        }
+        for i, texts in pieces.items():
+            texts[2] += cast(RenderedText, rendered[i]).turn
+        try:
+            batch: list[list[int]] | None = self._encode_texts(
+                [text for texts in pieces.values() for text in texts]
+            )
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException:  # incl. tiktoken's PanicException: retry one by one below
+            batch = None
         out: dict[int, tuple[list[int], int] | SampleError] = {}
+        position = 0
         for i, item in rendered.items():
             if isinstance(item, SampleError):
                 out[i] = item
                 continue
-            prompt_ids, rest = next(ids), next(ids)
-            if item.split_safe:
-                out[i] = (prompt_ids + rest, len(prompt_ids))
-            elif rest[: len(prompt_ids)] == prompt_ids:
-                out[i] = (rest, len(prompt_ids))
+            if batch is not None:
+                head_ids, tail_ids, rest_ids = batch[position : position + 3]
+                position += 3
             else:
-                position = _first_difference(prompt_ids, rest)
+                try:
+                    head_ids, tail_ids, rest_ids = self._encode_texts(pieces[i])
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                except BaseException as err:
+                    out[i] = SampleError("encode_error", f"{type(err).__name__}: {err}")
+                    continue
+            if rest_ids[: len(tail_ids)] != tail_ids:
+                at = len(head_ids) + _first_difference(tail_ids, rest_ids)
                 out[i] = SampleError(
                     "prefix_mismatch",
-                    f"the prompt's tokens are not a prefix of the sample's (position {position})",
+                    f"the prompt's tokens are not a prefix of the sample's (position {at})",
                 )
+                continue
+            out[i] = (head_ids + rest_ids, len(head_ids) + len(tail_ids))
         return out
 
     def _encode_texts(self, texts: list[str]) -> list[list[int]]:
         if not texts:
             return []
-        if getattr(self.tokenizer, "is_fast", False):
-            # the Rust batch encoder, parallel across texts
-            encoded = self.tokenizer(
-                texts,
-                add_special_tokens=False,
-                return_attention_mask=False,
-                return_token_type_ids=False,
-            )
-            return cast(list[list[int]], encoded["input_ids"])
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            # The Rust batch encoder, parallel across texts; the `_fast` variant skips offsets.
+            encode_batch = getattr(backend, "encode_batch_fast", None) or backend.encode_batch
+            return [e.ids for e in encode_batch(texts, add_special_tokens=False)]
+        model = getattr(self.tokenizer, "model", None)
+        if isinstance(model, tiktoken.Encoding):
+            # Kimi-style remote code: what its `encode(text)` does (and so the server), batched
+            # on tiktoken's threads instead of the slow tokenizer's Python path.
+            return model.encode_batch(texts, allowed_special="all")
         return [self.tokenizer.encode(text, add_special_tokens=False) for text in texts]
 
     def _assemble(
@@ -402,7 +443,7 @@ def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
     return min(len(a), len(b))
 
 
-def _boundary_tokens(tokenizer: Any) -> tuple[str, ...]:
+def _boundary_pattern(tokenizer: Any) -> re.Pattern[str] | None:
     """Added tokens after which the tokenizer always splits: not stripping the text that
     follows, and not the start of a longer added token."""
     decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
@@ -411,4 +452,7 @@ def _boundary_tokens(tokenizer: Any) -> tuple[str, ...]:
         for token in decoder.values()
         if not getattr(token, "rstrip", False) and not getattr(token, "single_word", False)
     }
-    return tuple(t for t in tokens if t and not any(o != t and o.startswith(t) for o in tokens))
+    safe = [t for t in tokens if t and not any(o != t and o.startswith(t) for o in tokens)]
+    if not safe:
+        return None
+    return re.compile("|".join(re.escape(t) for t in sorted(safe, key=len, reverse=True)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 
@@ -42,6 +43,22 @@ async def ensure_topics(kafka: KafkaSettings) -> list[str]:
             with contextlib.suppress(TopicAlreadyExistsError):  # another process won the race
                 await admin.create_topics(wanted)
             log.info("created topics %s", ", ".join(t.name for t in wanted))
+            await _wait_for_leaders(admin, [t.name for t in wanted])
         return [t.name for t in wanted]
     finally:
         await admin.close()
+
+
+async def _wait_for_leaders(
+    admin: AIOKafkaAdminClient, topics: list[str], timeout: float = 30
+) -> None:
+    """New partitions have no leader for a moment; writing then only produces retry noise."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        described = await admin.describe_topics(topics)
+        if all(
+            topic.get("partitions") and all(p.get("leader", -1) >= 0 for p in topic["partitions"])
+            for topic in described
+        ):
+            return
+        await asyncio.sleep(0.2)

@@ -1,0 +1,98 @@
+"""The aiohttp application: routes, and the informational endpoints."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiohttp import web
+
+from compose.emulator.chat import handle_chat
+from compose.emulator.engine import ENGINE_KEY, Engine
+from compose.emulator.errors import json_response
+from compose.emulator.model import EmulatedModel
+from compose.emulator.native import handle_generate, handle_tokenize
+from compose.emulator.settings import EmulatorSettings
+
+
+def build_app(settings: EmulatorSettings, model: EmulatedModel | None = None) -> web.Application:
+    """Load the tokenizer (blocking, as SGLang does before it listens) and wire the routes.
+
+    `model` reuses an already loaded tokenizer (tests start many servers on one).
+    """
+    if model is None:
+        model = EmulatedModel(settings.tokenizer_dir, settings.family)
+    engine = Engine(settings, model)
+    # a chat request with a long conversation is well over aiohttp's 1 MiB default
+    app = web.Application(client_max_size=256 * 1024**2)
+    app[ENGINE_KEY] = engine
+    app.on_startup.append(_start_clock)
+    app.router.add_post("/v1/chat/completions", handle_chat)
+    app.router.add_post("/generate", handle_generate)
+    app.router.add_post("/v1/tokenize", handle_tokenize)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/health_generate", _health_generate)
+    app.router.add_get("/v1/models", _models)
+    for path in ("/model_info", "/get_model_info"):
+        app.router.add_get(path, _model_info)
+    for path in ("/server_info", "/get_server_info"):
+        app.router.add_get(path, _server_info)
+    app.router.add_get("/stats", _stats)
+    return app
+
+
+async def _start_clock(app: web.Application) -> None:
+    engine = app[ENGINE_KEY]
+    engine.ready_at = time.monotonic() + engine.settings.startup_delay_s
+
+
+def _engine(request: web.Request) -> Engine:
+    return request.app[ENGINE_KEY]
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def _health_generate(request: web.Request) -> web.Response:
+    # SGLang runs one token through the engine; 503 until the model is loaded and warm.
+    return web.Response(status=200 if _engine(request).ready else 503)
+
+
+async def _models(request: web.Request) -> web.Response:
+    settings = _engine(request).settings
+    card: dict[str, Any] = {
+        "id": settings.model,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "sglang",
+        "root": settings.model,
+        "parent": None,
+        "max_model_len": settings.max_model_len,
+    }
+    return json_response({"object": "list", "data": [card]})
+
+
+async def _model_info(request: web.Request) -> web.Response:
+    engine = _engine(request)
+    return json_response(
+        {
+            "model_path": str(engine.settings.tokenizer_dir),
+            "tokenizer_path": str(engine.settings.tokenizer_dir),
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": engine.model.family.name,
+            "architectures": None,
+        }
+    )
+
+
+async def _server_info(request: web.Request) -> web.Response:
+    return json_response(_engine(request).server_info())
+
+
+async def _stats(request: web.Request) -> web.Response:
+    return json_response(_engine(request).stats.to_dict())

@@ -1,0 +1,250 @@
+"""POST /v1/chat/completions, non-streaming, as SGLang's OpenAIServingChat answers it."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from compose.emulator import errors, toolcalls
+from compose.emulator.engine import ENGINE_KEY, ConnectionGone, Engine
+from compose.emulator.generation import Generation, GenerationRequest, ThinkMode
+from compose.emulator.model import EmulatedModel, TemplateError
+from compose.emulator.reasoning import split_reasoning
+from compose.emulator.transport import send_truncated
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """The parts of a chat request the emulator acts on."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None  # function dicts, as SGLang hands them to the template
+    template_kwargs: dict[str, Any]
+    max_new_tokens: int | None
+    skip_special_tokens: bool
+    separate_reasoning: bool
+    no_stop_trim: bool
+    return_token_ids: bool
+    continue_final_message: bool
+    input_ids: list[int] | None
+
+    @property
+    def thinking(self) -> bool:
+        # SGLang's _get_reasoning_from_request: thinking unless the kwarg says False
+        kwargs = self.template_kwargs
+        return not any(kwargs.get(k) is False for k in ("thinking", "enable_thinking"))
+
+
+def parse_chat_request(body: Any) -> ChatRequest:
+    if not isinstance(body, dict):
+        raise errors.bad_request("The request body must be a JSON object.")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise errors.bad_request("messages must be a non-empty list")
+    if body.get("stream"):
+        raise errors.bad_request("stream=true is not supported by the emulator")
+    if (body.get("n") or 1) != 1:
+        raise errors.bad_request("n > 1 is not supported by the emulator")
+    template_kwargs = dict(body.get("chat_template_kwargs") or {})
+    if body.get("reasoning_effort") == "none":
+        template_kwargs.setdefault("thinking", False)
+        template_kwargs.setdefault("enable_thinking", False)
+    tools = _template_tools(body.get("tools"), body.get("tool_choice", "auto"))
+    max_new = body.get("max_completion_tokens")
+    if max_new is None:
+        max_new = body.get("max_tokens")
+    if max_new is not None and (not isinstance(max_new, int) or max_new < 0):
+        raise errors.bad_request("max_tokens must be a non-negative integer")
+    input_ids = body.get("input_ids")
+    if input_ids is not None and not (
+        isinstance(input_ids, list) and all(isinstance(i, int) for i in input_ids)
+    ):
+        raise errors.bad_request("input_ids must be a list of integers")
+    return ChatRequest(
+        messages=[_template_message(m) for m in messages],
+        tools=tools,
+        template_kwargs=template_kwargs,
+        max_new_tokens=max_new,
+        # SGLang keeps special tokens when tools are given, for the tool-call parser
+        skip_special_tokens=bool(body.get("skip_special_tokens", True)) and not tools,
+        separate_reasoning=bool(body.get("separate_reasoning", True)),
+        no_stop_trim=bool(body.get("no_stop_trim", False)),
+        return_token_ids=bool(body.get("return_token_ids", False)),
+        continue_final_message=bool(body.get("continue_final_message", False)),
+        input_ids=input_ids,
+    )
+
+
+def _template_tools(tools: Any, tool_choice: Any) -> list[dict[str, Any]] | None:
+    """`[tool.function.model_dump()]`: what SGLang passes to the chat template."""
+    if not tools or tool_choice == "none":
+        return None
+    if not isinstance(tools, list):
+        raise errors.bad_request("tools must be a list")
+    functions = []
+    for tool in tools:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not function.get("name"):
+            raise errors.bad_request("each tool needs a function with a name")
+        functions.append(
+            {
+                "description": function.get("description"),
+                "name": function["name"],
+                "parameters": function.get("parameters"),
+                "strict": bool(function.get("strict", False)),
+            }
+        )
+    if isinstance(tool_choice, dict):
+        wanted = (tool_choice.get("function") or {}).get("name")
+        functions = [f for f in functions if f["name"] == wanted]
+    return functions
+
+
+def _template_message(message: Any) -> dict[str, Any]:
+    if not isinstance(message, dict) or "role" not in message:
+        raise errors.bad_request("each message needs a role")
+    out = copy.deepcopy(message)
+    content = out.get("content")
+    if isinstance(content, list):  # text parts only; the emulator has no vision
+        texts = [p.get("text", "") for p in content if isinstance(p, dict)]
+        out["content"] = "\n".join(str(t) for t in texts if t)
+    elif content is None:
+        out["content"] = ""
+    # Templates expect tool-call arguments as objects; the OpenAI API carries JSON text.
+    for call in out.get("tool_calls") or []:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+            with contextlib.suppress(orjson.JSONDecodeError):  # the template gets the text
+                function["arguments"] = orjson.loads(function["arguments"])
+    return out
+
+
+def history_tool_calls(messages: list[dict[str, Any]]) -> int:
+    return sum(len(m.get("tool_calls") or []) for m in messages if m.get("role") == "assistant")
+
+
+def render_prompt(model: EmulatedModel, chat: ChatRequest) -> tuple[str, list[int]]:
+    if chat.input_ids is not None:
+        return model.decode(chat.input_ids, skip_special_tokens=False), list(chat.input_ids)
+    try:
+        text = model.render(
+            chat.messages, chat.tools, chat.template_kwargs, chat.continue_final_message
+        )
+    except TemplateError as exc:
+        raise errors.bad_request(str(exc)) from exc
+    return text, model.encode(text)
+
+
+def build_response(
+    engine: Engine,
+    chat: ChatRequest,
+    prompt_ids: list[int],
+    generation: Generation,
+) -> dict[str, Any]:
+    model = engine.model
+    family = model.family
+    ids = generation.output_ids
+    stopped = generation.finish_reason == "stop" and generation.matched_stop is not None
+    text_ids = ids[:-1] if stopped and not chat.no_stop_trim else ids
+    text = model.decode(text_ids, skip_special_tokens=chat.skip_special_tokens)
+
+    reasoning: str | None = None
+    content = text
+    reasoning_tokens = 0
+    if family.reasoning_parser and chat.separate_reasoning and chat.thinking:
+        force = generation.mode is ThinkMode.PREFILLED
+        tool_start = toolcalls.tool_start_token(family.name) if chat.tools else None
+        split = split_reasoning(text, family.think_open, family.think_close, force, tool_start)
+        reasoning = split[0] or None
+        content = split[1]
+        if reasoning is not None:
+            reasoning_tokens = _reasoning_tokens(model, text_ids)
+
+    finish_reason = generation.finish_reason
+    tool_calls: list[dict[str, Any]] | None = None
+    if chat.tools and family.tool_call_parser:
+        history = history_tool_calls(chat.messages)
+        content, calls = toolcalls.parse(family.name, content, chat.tools, history)
+        if calls:
+            tool_calls = [call.to_openai(i) for i, call in enumerate(calls)]
+            if finish_reason == "stop":
+                finish_reason = "tool_calls"
+
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": {
+            "role": "assistant",
+            "content": content,
+            "reasoning_content": reasoning,
+            "tool_calls": tool_calls,
+        },
+        "logprobs": None,
+        "finish_reason": finish_reason,
+        "matched_stop": generation.matched_stop,
+    }
+    if chat.return_token_ids:
+        choice["token_ids"] = ids
+    response: dict[str, Any] = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": engine.settings.model,
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": len(ids),
+            "total_tokens": len(prompt_ids) + len(ids),
+            "prompt_tokens_details": None,
+            "reasoning_tokens": reasoning_tokens,
+        },
+        "metadata": {"weight_version": "default"},
+    }
+    if chat.return_token_ids:
+        response["prompt_token_ids"] = prompt_ids
+    return response
+
+
+def _reasoning_tokens(model: EmulatedModel, text_ids: list[int]) -> int:
+    """Output tokens before </think> (all of them when it never closed), without <think>."""
+    close, open_ = model.special.think_close, model.special.think_open
+    end = text_ids.index(close) if close is not None and close in text_ids else len(text_ids)
+    start = 1 if text_ids and open_ is not None and text_ids[0] == open_ else 0
+    return max(0, end - start)
+
+
+async def handle_chat(request: web.Request) -> web.StreamResponse:
+    engine = request.app[ENGINE_KEY]
+    engine.stats.requests += 1
+    try:
+        try:
+            body = await request.json(loads=orjson.loads)
+        except ValueError as exc:
+            raise errors.bad_request(f"Invalid JSON body: {exc}") from exc
+        chat = parse_chat_request(body)
+        prompt_text, prompt_ids = render_prompt(engine.model, chat)
+        engine.check_context(prompt_text, len(prompt_ids), chat.max_new_tokens)
+        job = GenerationRequest(
+            prompt_text=prompt_text,
+            prompt_len=len(prompt_ids),
+            max_new_tokens=chat.max_new_tokens,
+            thinking=chat.thinking,
+            tools=chat.tools,
+            history_tool_calls=history_tool_calls(chat.messages),
+        )
+        outcome = await engine.run(request, job)
+    except errors.ApiError as error:
+        engine.stats.errors[error.kind] += 1
+        return errors.openai_error_response(error)
+    except ConnectionGone:
+        return web.Response(status=499)  # never reaches the client: the socket is gone
+    payload = build_response(engine, chat, prompt_ids, outcome.generation)
+    if outcome.drop:
+        return await send_truncated(request, orjson.dumps(payload))
+    return errors.json_response(payload)

@@ -1,0 +1,181 @@
+"""Deterministic "sampling": the output token ids a prompt gets, as a thinking model would write.
+
+The text is built first (thinking, `</think>`, answer or tool call), then encoded canonically and
+ended with the end-of-turn token. Every choice is seeded by a hash of the rendered prompt and the
+emulator's seed, so the same prompt always gets the same output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from compose.emulator import textgen, toolcalls
+from compose.emulator.model import EmulatedModel
+from compose.emulator.settings import EmulatorSettings
+
+
+class ThinkMode(Enum):
+    PREFILLED = "prefilled"  # the prompt ends with <think>: the model starts inside the block
+    OPENS = "opens"  # the model writes <think> itself
+    OFF = "off"  # no thinking (template closed an empty block, or thinking is off)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt_text: str
+    prompt_len: int
+    max_new_tokens: int | None
+    # whether the model thinks when the prompt neither prefills nor closes a think block
+    thinking: bool
+    tools: list[dict[str, Any]] | None = None  # function dicts: name, description, parameters
+    history_tool_calls: int = 0
+
+
+@dataclass(frozen=True)
+class Generation:
+    output_ids: list[int]
+    finish_reason: str  # "stop" or "length"
+    matched_stop: int | None
+    mode: ThinkMode
+    drift: bool
+    tool_call: bool
+
+
+def prompt_unit(seed: int, prompt_text: str, salt: str) -> float:
+    """A number in [0, 1) fixed by the prompt, for per-prompt decisions."""
+    digest = hashlib.sha256(f"{seed}\0{salt}\0{prompt_text}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def think_mode(prompt_text: str, think_open: str, think_close: str, thinking: bool) -> ThinkMode:
+    tail = prompt_text.rstrip()
+    if tail.endswith(think_close):
+        return ThinkMode.OFF
+    if tail.endswith(think_open):
+        return ThinkMode.PREFILLED
+    return ThinkMode.OPENS if thinking else ThinkMode.OFF
+
+
+class Generator:
+    def __init__(self, model: EmulatedModel, settings: EmulatorSettings) -> None:
+        self.model = model
+        self.settings = settings
+        family = model.family
+        # Qwen writes "reasoning\n</think>\n\nanswer" and opens with "<think>\n"; Kimi adds nothing.
+        newline = family.name == "qwen3"
+        self._open_text = family.think_open + ("\n" if newline else "")
+        self._close_text = family.think_close
+        if newline:
+            self._close_text = f"\n{family.think_close}\n\n"
+        self._open_cost = self._count(self._open_text)
+        self._close_cost = self._count(self._close_text)
+        self._split_cache: dict[int, list[int] | None] = {}
+
+    def _count(self, text: str) -> int:
+        return len(self.model.encode(text))
+
+    def generate(self, request: GenerationRequest) -> Generation:
+        s = self.settings
+        family = self.model.family
+        prompt = request.prompt_text
+        rng = random.Random(hashlib.sha256(f"{s.seed}\0text\0{prompt}".encode()).digest())
+        mode = think_mode(prompt, family.think_open, family.think_close, request.thinking)
+        if not family.thinking_kwarg and mode is ThinkMode.OPENS:
+            mode = ThinkMode.OFF  # a generic model has no thinking format
+        drift = prompt_unit(s.seed, prompt, "drift") < s.drift_rate
+        tool_call = bool(request.tools) and prompt_unit(s.seed, prompt, "tool") < s.tool_call_rate
+        if tool_call and not toolcalls.tool_start_token(family.name):
+            tool_call = False
+        unclosed = (
+            mode is not ThinkMode.OFF
+            and not tool_call
+            and prompt_unit(s.seed, prompt, "unclosed") < s.unclosed_think_rate
+        )
+
+        # The length is drawn in tokens; the fixed tags are paid for out of the answer's share.
+        total = self._output_length(rng)
+        think_tokens = round(total * s.thinking_fraction) if mode is not ThinkMode.OFF else 0
+        overhead = 1 + (self._close_cost if mode is not ThinkMode.OFF else 0)
+        overhead += self._open_cost if mode is ThinkMode.OPENS else 0
+        answer_tokens = max(1, total - think_tokens - overhead)
+        count = self._count
+        text = self._open_text if mode is ThinkMode.OPENS else ""
+        if mode is not ThinkMode.OFF:
+            text += textgen.prose(rng, max(1, think_tokens), count, thinking=True)
+            if not unclosed:
+                text += self._close_text
+        if not unclosed:
+            if tool_call:
+                text += self._tool_call_text(rng, request)
+            else:
+                text += textgen.answer(rng, answer_tokens, count)
+
+        ids = self.model.encode(text)
+        if drift:
+            ids = self._drift(ids, rng)
+        eot = self.model.special.eot
+        if eot is not None:
+            ids.append(eot)
+
+        limit = request.max_new_tokens
+        if limit is None:  # SGLang's default: whatever the context leaves
+            limit = max(1, s.max_model_len - request.prompt_len)
+        # SGLang checks the length before the stop token: hitting both at once is "length".
+        if len(ids) >= limit:
+            return Generation(ids[:limit], "length", None, mode, drift, tool_call)
+        return Generation(ids, "stop", eot, mode, drift, tool_call)
+
+    # -- pieces -----------------------------------------------------------------------------
+
+    def _output_length(self, rng: random.Random) -> int:
+        s = self.settings
+        if s.mean_output_tokens is None:
+            return rng.randint(s.min_output_tokens, s.max_output_tokens)
+        sigma = 0.6  # a long-tailed spread, like real reasoning lengths
+        mu = math.log(max(1, s.mean_output_tokens)) - sigma**2 / 2
+        value = int(rng.lognormvariate(mu, sigma))
+        return min(s.max_output_tokens, max(s.min_output_tokens, value))
+
+    def _tool_call_text(self, rng: random.Random, request: GenerationRequest) -> str:
+        tools = request.tools or []
+        chosen = rng.sample(tools, k=1 if len(tools) == 1 or rng.random() < 0.8 else 2)
+        calls = [
+            (str(tool.get("name")), textgen.arguments_for(rng, tool.get("parameters")))
+            for tool in chosen
+        ]
+        family = self.model.family.name
+        return toolcalls.render(family, calls, first_index=request.history_tool_calls)
+
+    def _drift(self, ids: list[int], rng: random.Random) -> list[int]:
+        """Re-spell a few tokens as their characters' tokens: same text, different ids."""
+        positions = [i for i, t in enumerate(ids) if t not in self.model.unsplittable]
+        rng.shuffle(positions)
+        wanted = max(1, len(positions) // 50)  # real drift is rare: about 2% of tokens
+        replaced: dict[int, list[int]] = {}
+        for position in positions:
+            split = self._split(ids[position])
+            if split is not None:
+                replaced[position] = split
+                if len(replaced) >= wanted:
+                    break
+        out: list[int] = []
+        for position, token in enumerate(ids):
+            out.extend(replaced.get(position, (token,)))
+        return out
+
+    def _split(self, token: int) -> list[int] | None:
+        if token in self._split_cache:
+            return self._split_cache[token]
+        text = self.model.token_text(token)
+        split: list[int] | None = None
+        if len(text) >= 2 and "\ufffd" not in text:
+            pieces = [i for char in text for i in self.model.encode(char)]
+            if pieces != [token] and self.model.decode(pieces, skip_special_tokens=False) == text:
+                split = pieces
+        self._split_cache[token] = split
+        return split

@@ -1,0 +1,129 @@
+"""Typed settings of the emulated SGLang server, and the command-line flags that fill them."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class EmulatorSettings:
+    tokenizer_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 30000  # SGLang's default; 0 picks a free port
+    # served model name; empty means the tokenizer directory's name
+    model: str = ""
+    # model family override (kimi_k2, qwen3, generic); None detects it from the template
+    family: str | None = None
+    max_model_len: int = 32768
+
+    # Output length: uniform in [min, max] tokens, or log-normal around mean (clipped to them).
+    min_output_tokens: int = 16
+    max_output_tokens: int = 256
+    mean_output_tokens: int | None = None
+    # share of the output spent thinking, when thinking is on
+    thinking_fraction: float = 0.6
+    # fraction of thinking outputs that never close </think> (the whole output is reasoning)
+    unclosed_think_rate: float = 0.0
+    # fraction of requests with tools that answer with a tool call
+    tool_call_rate: float = 0.0
+
+    # decode speed per request; 0 answers at once
+    tokens_per_s: float = 0.0
+    # SGLang's --max-running-requests (0 = unbounded) and --max-queued-requests (0 = unbounded)
+    max_running_requests: int = 0
+    max_queued_requests: int = 0
+    # seconds /health_generate answers 503 (and generation waits) after start, as while loading
+    startup_delay_s: float = 0.0
+
+    # Failure injection, each a probability per request.
+    rate_400_context: float = 0.0  # per prompt: the same prompt always fails
+    rate_503: float = 0.0
+    rate_500: float = 0.0
+    rate_timeout: float = 0.0  # hang timeout_hang_s, then reset the connection
+    timeout_hang_s: float = 60.0
+    rate_drop: float = 0.0  # close the connection in the middle of the response body
+    # per prompt: output ids are a non-canonical tokenization of the output text
+    drift_rate: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.tokenizer_dir = Path(self.tokenizer_dir)
+        if not self.model:
+            self.model = self.tokenizer_dir.resolve().name
+        if self.min_output_tokens < 1 or self.max_output_tokens < self.min_output_tokens:
+            raise ValueError("need 1 <= min_output_tokens <= max_output_tokens")
+        for name in (
+            "thinking_fraction",
+            "unclosed_think_rate",
+            "tool_call_rate",
+            "rate_400_context",
+            "rate_503",
+            "rate_500",
+            "rate_timeout",
+            "rate_drop",
+            "drift_rate",
+        ):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be within [0, 1], got {value}")
+
+
+def add_emulator_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `draftgen emulate-server`, named after SGLang's where SGLang has one."""
+    d = EmulatorSettings(tokenizer_dir=Path("."))
+    add = parser.add_argument
+    add("--tokenizer", required=True, type=Path, metavar="DIR", help="tokenizer directory")
+    add("--host", default=d.host)
+    add("--port", type=int, default=d.port, help="0 picks a free port")
+    add("--model", default="", help="served model name (default: the tokenizer dir name)")
+    add("--family", default=None, help="model family override: kimi_k2, qwen3, generic")
+    add("--max-model-len", type=int, default=d.max_model_len, help="context length")
+    add("--min-output-tokens", type=int, default=d.min_output_tokens)
+    add("--max-output-tokens", type=int, default=d.max_output_tokens)
+    add("--mean-output-tokens", type=int, default=None, help="log-normal lengths around this")
+    add("--thinking-fraction", type=float, default=d.thinking_fraction)
+    add("--unclosed-think-rate", type=float, default=d.unclosed_think_rate)
+    add("--tool-call-rate", type=float, default=d.tool_call_rate)
+    add("--tokens-per-s", type=float, default=d.tokens_per_s, help="decode speed; 0 = instant")
+    add("--max-running-requests", type=int, default=d.max_running_requests)
+    add("--max-queued-requests", type=int, default=d.max_queued_requests)
+    add("--startup-delay-s", type=float, default=d.startup_delay_s)
+    add("--fail-400-rate", type=float, default=d.rate_400_context)
+    add("--fail-503-rate", type=float, default=d.rate_503)
+    add("--fail-500-rate", type=float, default=d.rate_500)
+    add("--timeout-rate", type=float, default=d.rate_timeout)
+    add("--timeout-hang-s", type=float, default=d.timeout_hang_s)
+    add("--drop-rate", type=float, default=d.rate_drop)
+    add("--drift-rate", type=float, default=d.drift_rate)
+    add("--seed", type=int, default=d.seed)
+
+
+def settings_from_args(args: argparse.Namespace) -> EmulatorSettings:
+    return EmulatorSettings(
+        tokenizer_dir=args.tokenizer,
+        host=args.host,
+        port=args.port,
+        model=args.model,
+        family=args.family,
+        max_model_len=args.max_model_len,
+        min_output_tokens=args.min_output_tokens,
+        max_output_tokens=args.max_output_tokens,
+        mean_output_tokens=args.mean_output_tokens,
+        thinking_fraction=args.thinking_fraction,
+        unclosed_think_rate=args.unclosed_think_rate,
+        tool_call_rate=args.tool_call_rate,
+        tokens_per_s=args.tokens_per_s,
+        max_running_requests=args.max_running_requests,
+        max_queued_requests=args.max_queued_requests,
+        startup_delay_s=args.startup_delay_s,
+        rate_400_context=args.fail_400_rate,
+        rate_503=args.fail_503_rate,
+        rate_500=args.fail_500_rate,
+        rate_timeout=args.timeout_rate,
+        timeout_hang_s=args.timeout_hang_s,
+        rate_drop=args.drop_rate,
+        drift_rate=args.drift_rate,
+        seed=args.seed,
+    )
