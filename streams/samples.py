@@ -10,8 +10,15 @@ Two token sources (see DESIGN.md, "Tokens and loss masks"):
   history reasoning; appending keeps the final reasoning exactly. The mask is 1 exactly over
   the turn, end-of-turn token included.
 
+The rendered sample is the encoding of ``prompt + turn``; the prompt's own encoding must be
+its prefix (else ``prefix_mismatch``), so the mask boundary never cuts a token. Qwen with an
+empty reasoning is such a case: the prefilled ``<think>\n`` and the turn's ``\n</think>``
+encode as one ``\n\n`` token.
+
 When a completion has the server's ids, the rendered ids are also computed (if
-``measure_drift``) and compared, so that template or tokenizer drift is visible.
+``measure_drift``) and compared, so that template or tokenizer drift is visible. Error kinds:
+template_error, prefix_mismatch, bad_tool_arguments, bad_tool_call, bad_message,
+bad_token_ids, token_out_of_range, too_few_loss_tokens, encode_error.
 """
 
 from __future__ import annotations
@@ -368,9 +375,9 @@ def _qwen_turn(generated: Message, profile: FamilyProfile, completion: Completio
     content = content.strip()
     if reasoning is None and profile.think_close in content:
         # the template splits an inline think block out of the content
-        inline, _, content = content.partition(profile.think_close)
-        reasoning = inline.split(profile.think_open)[-1]
-        content = content.lstrip("\n")
+        parts = content.split(profile.think_close)
+        reasoning = parts[0].split(profile.think_open)[-1]
+        content = parts[-1].lstrip("\n")
     text = head + (reasoning or "").strip() + f"\n{profile.think_close}\n\n" + content
     for position, call in enumerate(generated.get("tool_calls") or []):
         function = _function(call)

@@ -278,6 +278,19 @@ def test_truncated_inside_reasoning_is_the_reasoning_only(fam: Family) -> None:
     assert fam.text(turn_ids) == "Let me think about th"
 
 
+@pytest.mark.parametrize(
+    "content", ["<think>\nhidden\n</think>\n\nshown", "a</think>b</think>\nc", "  x  "]
+)
+def test_qwen_inline_think_in_content_follows_the_template(
+    families: dict[str, Family], content: str
+) -> None:
+    qwen = families["qwen36"]
+    completion = CompletionRecord(
+        prompt_id="p", messages=[{"role": "user", "content": "hi"}], content=content
+    )
+    assert qwen.builder().render(completion).turn == expected_turn(qwen, completion)
+
+
 def test_generated_tool_calls_render_in_the_family_format(fam: Family) -> None:
     completion = CompletionRecord(
         prompt_id="p",
