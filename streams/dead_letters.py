@@ -44,7 +44,7 @@ async def read_dead_letters(kafka: KafkaSettings) -> list[DeadLetter]:
 
 def summarize(letters: list[DeadLetter]) -> list[str]:
     counts = Counter((letter.stage, letter.kind) for letter in letters)
-    example = {}
+    example: dict[tuple[str, str], str] = {}
     for letter in letters:
         example.setdefault((letter.stage, letter.kind), letter.message)
     lines = [f"{len(letters)} dead letters"]
