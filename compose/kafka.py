@@ -180,6 +180,10 @@ class KafkaBroker:
         if self._process:
             self._process.stop(grace=20)
 
+    def restart(self, timeout: float = 90.0) -> None:
+        """Start again on the same ports and log directory (after `stop`, for outage tests)."""
+        self.start(timeout)
+
 
 async def _describe_cluster(bootstrap: str) -> bool:
     from aiokafka.admin import AIOKafkaAdminClient

@@ -61,6 +61,10 @@ class ManagedProcess:
         log.close()
         return self
 
+    def respawn(self) -> ManagedProcess:
+        """A new process with the same command, environment and log (after a kill or stop)."""
+        return ManagedProcess(self.name, self.argv, self.log_path, self.env, self.cwd).start()
+
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
 

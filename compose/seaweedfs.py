@@ -113,9 +113,7 @@ class SeaweedS3:
         """Start again on the same ports and data (after a stop, for outage tests)."""
         if self._process is None:
             raise ServiceError("seaweedfs was never started")
-        self._process = ManagedProcess(
-            "seaweedfs", self._process.argv, self._process.log_path
-        ).start()
+        self._process = self._process.respawn()
         self._process.wait_ready(self._ready, timeout)
 
     def _ready(self) -> bool:

@@ -50,6 +50,11 @@ class LocalStack:
     def start_emulator(
         self, tokenizer_dir: str | Path, *options: str, name: str = "emulator"
     ) -> str:
+        return self.start_emulator_process(tokenizer_dir, *options, name=name)[0]
+
+    def start_emulator_process(
+        self, tokenizer_dir: str | Path, *options: str, name: str = "emulator"
+    ) -> tuple[str, ManagedProcess]:
         port = free_port()
         process = ManagedProcess(
             name,
@@ -61,7 +66,14 @@ class LocalStack:
         self.processes.append(process)
         url = f"http://127.0.0.1:{port}"
         process.wait_ready(lambda: _http_ok(f"{url}/health_generate"), timeout=120)
-        return url
+        return url, process
+
+    def restart(self, process: ManagedProcess) -> ManagedProcess:
+        """Respawn a stopped or killed process of ours; the new one is tracked instead."""
+        process.stop()
+        fresh = process.respawn()
+        self.processes[self.processes.index(process)] = fresh
+        return fresh
 
     # -- pipeline workers --------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from tqdm import tqdm
 from producers.normalize import make_prompt_record
 from producers.sources import Row, SourceSpec, mix_sources, row_error
 from streams.records import DeadLetter, RecordError
+from streams.regen import FINAL, mark
 from streams.settings import DEAD_LETTERS, PROMPTS, KafkaSettings
 from streams.topics import ensure_topics
 
@@ -51,7 +52,11 @@ async def publish(
     limit: int | None = None,
     storage_options: dict[str, Any] | None = None,
     progress: bool = True,
+    regen: str = FINAL,
 ) -> PublishSummary:
+    """Publish every row of `specs`; `regen` "every-turn" asks the generate stage to regenerate
+    each assistant turn of a conversation, not only the final one (streams/regen.py)."""
+    meta = mark({}, regen)
     await ensure_topics(kafka)
     producer = AIOKafkaProducer(
         **kafka.aiokafka_kwargs(),
@@ -88,7 +93,7 @@ async def publish(
 
     try:
         for spec, row_number, row in mix_sources(specs, limit, storage_options=storage_options):
-            await _publish_row(spec, row_number, row, summary, seen, send, reject, kafka)
+            await _publish_row(spec, row_number, row, summary, seen, send, reject, kafka, meta)
             bar.update(1)
         if pending:
             for future in await asyncio.gather(*pending, return_exceptions=True):
@@ -110,12 +115,13 @@ async def _publish_row(
     send: Any,
     reject: Any,
     kafka: KafkaSettings,
+    meta: dict[str, Any],
 ) -> None:
     if isinstance(row, bytes):
         await reject(spec, row_number, row_error(row), row)
         return
     try:
-        record = make_prompt_record(row, _source_name(spec), {"row": row_number})
+        record = make_prompt_record(row, _source_name(spec), {**meta, "row": row_number})
     except RecordError as err:
         await reject(spec, row_number, err, _dump(row))
         return

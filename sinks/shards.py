@@ -10,7 +10,7 @@ import os
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import fsspec
@@ -46,6 +46,8 @@ class SampleRow:
     token_source: str
     drift: bool | None = None
     conversation_id: str | None = None
+    # cut to the sample policy's --max-seq-len; counted in the marker, not a column
+    truncated: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -65,13 +67,20 @@ class ShardMarker:
     sha256: str
     prompt_ids: list[str]
     written_at: float
+    # drift report: samples whose rendering was compared with the server's ids, and how many
+    # of those differ; samples cut to --max-seq-len. Defaults let older markers decode.
+    compared: int = 0
+    drifted: int = 0
+    truncated: int = 0
 
     def encode(self) -> bytes:
         return orjson.dumps(self.__dict__)
 
     @classmethod
     def decode(cls, raw: bytes) -> ShardMarker:
-        return cls(**orjson.loads(raw))
+        # Fields a newer writer added are ignored, so a reader may be older than the writer.
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in orjson.loads(raw).items() if k in known})
 
 
 def _list_array(rows: Sequence[Sequence[int]], dtype: Any, arrow_type: pa.DataType) -> pa.Array:
@@ -162,6 +171,9 @@ class ShardStore:
             sha256=hashlib.sha256(data).hexdigest() if rows else "",
             prompt_ids=[r.prompt_id for r in rows],
             written_at=time.time(),
+            compared=sum(r.drift is not None for r in rows),
+            drifted=sum(r.drift is True for r in rows),
+            truncated=sum(r.truncated for r in rows),
         )
         self._put(self.layout.marker(partition, start_offset), marker.encode())
         return marker
@@ -179,6 +191,8 @@ class ShardStore:
 
     def markers(self, partition: int | None = None) -> list[ShardMarker]:
         pattern = f"part-{partition:04d}-*.json" if partition is not None else "part-*.json"
+        # s3fs caches listings: a stale one would hide markers written since (by us or others).
+        self.fs.invalidate_cache(self.layout.committed_dir)
         try:
             paths = sorted(self.fs.glob(f"{self.layout.committed_dir}/{pattern}"))
         except FileNotFoundError:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import asyncio
+import faulthandler
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from streams.policies import add_policy_arguments, policy_from_args
 from streams.settings import (
     GenerateSettings,
     KafkaSettings,
@@ -42,7 +46,8 @@ def _positive_int(text: str) -> int:
 def _add_kafka(parser: argparse.ArgumentParser, required: bool = True) -> None:
     parser.add_argument(
         "--bootstrap",
-        required=required,
+        # the environment may give it instead of the flag
+        required=required and not os.environ.get("DRAFTGEN_BOOTSTRAP"),
         default=os.environ.get("DRAFTGEN_BOOTSTRAP"),
         help="Kafka bootstrap servers host:port[,host:port]",
     )
@@ -148,6 +153,29 @@ def _add_tokenize(parser: argparse.ArgumentParser, out_required: bool = True) ->
         default=10.0,
         help="seconds before an idle partition's open shard is written",
     )
+    _add_tokenize_checks(parser)
+
+
+def _add_tokenize_checks(parser: argparse.ArgumentParser) -> None:
+    """Drift measurement and the sample policy: on the tokenize worker and on `run`."""
+    parser.add_argument(
+        "--no-drift",
+        action="store_true",
+        help="do not compare server ids with the rendering (saves a render + encode per sample)",
+    )
+    add_policy_arguments(parser)
+
+
+def _add_regen(parser: argparse.ArgumentParser) -> None:
+    from streams.regen import FINAL, REGEN_MODES
+
+    parser.add_argument(
+        "--regen",
+        choices=REGEN_MODES,
+        default=FINAL,
+        help="final: answer the last turn (default); every-turn: regenerate each assistant "
+        "turn of conversations without tool results, one sample per turn",
+    )
 
 
 def _tokenize_settings(args: argparse.Namespace, group_id: str | None = None) -> TokenizeSettings:
@@ -163,6 +191,8 @@ def _tokenize_settings(args: argparse.Namespace, group_id: str | None = None) ->
         shard_max_tokens=args.shard_tokens,
         idle_flush_s=args.idle_flush,
         group_id=group_id,
+        measure_drift=not args.no_drift,
+        policy=policy_from_args(args),
     )
 
 
@@ -180,7 +210,14 @@ def cmd_publish(args: argparse.Namespace) -> int:
         raise CliError(str(err)) from None
     storage = StorageSettings.from_env("s3://")
     summary = asyncio.run(
-        publish(_kafka(args), specs, args.limit, storage.storage_options(), not args.no_progress)
+        publish(
+            _kafka(args),
+            specs,
+            args.limit,
+            storage.storage_options(),
+            not args.no_progress,
+            regen=args.regen,
+        )
     )
     print(summary.line())
     return 0
@@ -189,11 +226,12 @@ def cmd_publish(args: argparse.Namespace) -> int:
 def cmd_worker_generate(args: argparse.Namespace) -> int:
     from streams.faust_app import run_worker
     from streams.generate_app import build_generate_app
+    from streams.observe_args import observe_settings
     from streams.topics import ensure_topics
 
     settings = _generate_settings(args, args.server)
     asyncio.run(ensure_topics(settings.kafka))
-    app, _ = build_generate_app(settings)
+    app, _ = build_generate_app(settings, observe_settings(args))
     run_worker(app, args.log_level)
     return 0
 
@@ -201,6 +239,7 @@ def cmd_worker_generate(args: argparse.Namespace) -> int:
 def cmd_worker_tokenize(args: argparse.Namespace, group_id: str | None = None) -> int:
     from sinks.shards import ShardStore
     from streams.faust_app import run_worker
+    from streams.observe_args import observe_settings
     from streams.tokenize_app import build_tokenize_app, manifest
     from streams.tokenizer_loading import load_tokenizer
     from streams.topics import ensure_topics
@@ -216,7 +255,7 @@ def cmd_worker_tokenize(args: argparse.Namespace, group_id: str | None = None) -
             f"{str(err).splitlines()[0][:200] if str(err) else ''}"
         ) from None
     asyncio.run(ensure_topics(settings.kafka))
-    app, _ = build_tokenize_app(settings, loaded, store)
+    app, _ = build_tokenize_app(settings, loaded, store, observe_settings(args))
     run_worker(app, args.log_level)
     return 0
 
@@ -237,6 +276,12 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    from streams.status import run_status
+
+    return run_status(args, _kafka(args))
+
+
 def cmd_emulate_server(args: argparse.Namespace) -> int:
     from compose.emulator.server import run
     from compose.emulator.settings import settings_from_args
@@ -255,6 +300,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from streams.observe_args import add_observe_arguments, add_status_arguments
+
     parser = _Parser(prog="draftgen", description=__doc__)
     parser.add_argument(
         "--log-level",
@@ -301,6 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="decode speed of emulated servers, per request",
     )
     _add_generate(run)
+    _add_regen(run)
+    _add_tokenize_checks(run)
 
     publish = commands.add_parser("publish", help="publish prompt sources to the prompts topic")
     publish.add_argument(
@@ -310,6 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     publish.add_argument("--limit", type=_positive_int, default=None)
     publish.add_argument("--no-progress", action="store_true")
+    _add_regen(publish)
     _add_kafka(publish)
     publish.set_defaults(handler=cmd_publish)
 
@@ -321,10 +371,12 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--server", required=True, help="the SGLang server's base URL")
     _add_kafka(generate)
     _add_generate(generate)
+    add_observe_arguments(generate)
     generate.set_defaults(handler=cmd_worker_generate)
     tokenize = workers.add_parser("tokenize", help="completions → Arrow shards for one dataset")
     _add_kafka(tokenize)
     _add_tokenize(tokenize)
+    add_observe_arguments(tokenize)
     tokenize.set_defaults(handler=cmd_worker_tokenize)
 
     dead = commands.add_parser("dead-letters", help="list dead letters; re-publish after a fix")
@@ -337,6 +389,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_kafka(dead)
     dead.set_defaults(handler=cmd_dead_letters)
+
+    status = commands.add_parser("status", help="where a run stands; --watch refreshes")
+    _add_kafka(status)
+    add_status_arguments(status)
+    status.set_defaults(handler=cmd_status)
 
     emulate = commands.add_parser("emulate-server", help="an SGLang-compatible emulated server")
     from compose.emulator.settings import add_emulator_arguments
@@ -367,6 +424,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     # Retried NotLeader answers on fresh partitions are routine, not worth a line each.
     logging.getLogger("aiokafka.producer.sender").setLevel(logging.ERROR)
+    # `kill -USR1 <pid>` prints every thread's stack: the first thing to look at in a stall.
+    with contextlib.suppress(ValueError, OSError, AttributeError):  # stderr without a file
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
+import sys
 import tempfile
 from collections.abc import Awaitable, Callable
 
@@ -81,9 +84,20 @@ def kafka_sender(app: faust.App) -> Callable[[str, bytes, bytes], Awaitable[None
     return send
 
 
+def _dump_tasks() -> None:
+    for task in asyncio.all_tasks():
+        task.print_stack(limit=12, file=sys.stderr)
+    sys.stderr.flush()
+
+
 def run_worker(app: faust.App, loglevel: str = "WARNING") -> None:
     """Run the app until SIGTERM/SIGINT (blocks)."""
     from faust.worker import Worker
+
+    @app.task
+    async def _install_task_dump() -> None:
+        # `kill -USR2 <pid>` prints every asyncio task's stack: where a stalled stage waits.
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _dump_tasks)
 
     logging.getLogger("faust").setLevel(loglevel)
     Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False).execute_from_commandline()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from producers.normalize import validate_prompt_messages
+from streams import regen
 from streams.inflight import InFlightWindow
 from streams.records import CompletionRecord, DeadLetter, PromptRecord, RecordError
 from streams.settings import GenerateSettings
@@ -131,8 +132,8 @@ class GenerateWorker:
 
     async def _run_one(self, event: Event) -> None:
         try:
-            topic, key, value = await self.process(event.key, event.value)
-            await self._send_until_acked(topic, key, value)
+            for topic, key, value in await self.process_all(event.key, event.value):
+                await self._send_until_acked(topic, key, value)
         except asyncio.CancelledError:
             raise
         except Exception:  # never drop a prompt silently: it stays unacked and is redelivered
@@ -147,6 +148,22 @@ class GenerateWorker:
             releasable.ack()
 
     # -- one prompt --------------------------------------------------------------------------
+
+    async def process_all(self, key: bytes | None, value: bytes) -> list[tuple[str, bytes, bytes]]:
+        """Every output of one prompt: one, or one per turn for `--regen every-turn`."""
+        planned = regen.conversation_to_regenerate(value)
+        if planned is None:
+            return [await self.process(key, value)]
+        outputs = []
+        for outcome in await regen.regenerate_turns(*planned, self._generate):
+            if isinstance(outcome, regen.TurnFailure):
+                payload, pid = outcome.payload.encode(), outcome.prompt_id
+                outputs.append(self._dead_letter(outcome.kind, outcome.message, payload, pid))
+                continue
+            self.stats.completed += 1
+            self.stats.output_tokens += int(outcome.usage.get("completion_tokens") or 0)
+            outputs.append((self.completions_topic, outcome.prompt_id.encode(), outcome.encode()))
+        return outputs
 
     async def process(self, key: bytes | None, value: bytes) -> tuple[str, bytes, bytes]:
         """Turn one prompt into (topic, key, value) for a completion or a dead letter."""

@@ -8,11 +8,15 @@ import faust
 
 from streams.faust_app import create_app, kafka_sender, raw_topic
 from streams.generate import GenerateWorker
+from streams.metrics import GenerateMetrics, TimedClient
+from streams.observe import observe_generate
+from streams.observe_args import ObserveSettings
 from streams.settings import COMPLETIONS, DEAD_LETTERS, GENERATE_GROUP, PROMPTS, GenerateSettings
-from streams.sglang_client import SGLangClient
 
 
-def build_generate_app(settings: GenerateSettings) -> tuple[faust.App, GenerateWorker]:
+def build_generate_app(
+    settings: GenerateSettings, observe: ObserveSettings | None = None
+) -> tuple[faust.App, GenerateWorker]:
     kafka = settings.kafka
     app = create_app(
         kafka.group(GENERATE_GROUP),
@@ -22,13 +26,15 @@ def build_generate_app(settings: GenerateSettings) -> tuple[faust.App, GenerateW
         prefetch=max(4, settings.concurrency // 4),
         instance_id=settings.instance_id,
     )
+    metrics = GenerateMetrics(settings.server)
     worker = GenerateWorker(
         settings,
-        SGLangClient(settings),
+        TimedClient(settings, metrics),
         kafka_sender(app),
         completions_topic=kafka.topic(COMPLETIONS),
         dead_letters_topic=kafka.topic(DEAD_LETTERS),
     )
+    observe_generate(app, worker, metrics, observe or ObserveSettings())
 
     @app.agent(raw_topic(app, kafka.topic(PROMPTS)), name="generate")
     async def generate(stream: Any) -> None:

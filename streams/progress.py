@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from sinks.shards import ShardStore
+from streams.policies import is_policy_drop
 from streams.records import DeadLetter, RecordError
 from streams.settings import DEAD_LETTERS, KafkaSettings
 
@@ -20,6 +21,10 @@ class DatasetFigures:
     shards: int = 0
     prompt_ids: set[str] = field(default_factory=set)
     duplicate_ids: int = 0
+    # drift report: samples whose rendering was compared with the server's ids, and differed
+    compared: int = 0
+    drifted: int = 0
+    truncated: int = 0
 
 
 def dataset_figures(store: ShardStore) -> DatasetFigures:
@@ -29,6 +34,9 @@ def dataset_figures(store: ShardStore) -> DatasetFigures:
         figures.tokens += marker.tokens
         figures.loss_tokens += marker.loss_tokens
         figures.shards += 1 if marker.rows else 0
+        figures.compared += marker.compared
+        figures.drifted += marker.drifted
+        figures.truncated += marker.truncated
         before = len(figures.prompt_ids)
         figures.prompt_ids.update(marker.prompt_ids)
         figures.duplicate_ids += marker.rows - (len(figures.prompt_ids) - before)
@@ -39,6 +47,8 @@ def dataset_figures(store: ShardStore) -> DatasetFigures:
 class DeadLetterTally:
     by_reason: Counter[tuple[str, str]] = field(default_factory=Counter)
     prompt_ids: set[str] = field(default_factory=set)
+    # the subset the sample policy dropped (kind policy_*): deliberate, not failures
+    policy_ids: set[str] = field(default_factory=set)
     letters: list[DeadLetter] = field(default_factory=list)
 
 
@@ -63,7 +73,8 @@ class DeadLetterReader:
 
     async def _assign(self, consumer: AIOKafkaConsumer) -> bool:
         topic = self.kafka.topic(DEAD_LETTERS)
-        await consumer.topics()  # refreshes cluster metadata
+        # `consumer.topics()` reads metadata into a copy: partitions_for_topic would stay None
+        await consumer._client.force_metadata_update()
         partitions = consumer.partitions_for_topic(topic)
         if not partitions:
             return False  # not created yet
@@ -102,6 +113,8 @@ class DeadLetterReader:
         self.tally.by_reason[(letter.stage, letter.kind)] += 1
         if letter.prompt_id:
             self.tally.prompt_ids.add(letter.prompt_id)
+            if is_policy_drop(letter.kind):
+                self.tally.policy_ids.add(letter.prompt_id)
         if self.keep_letters:
             self.tally.letters.append(letter)
 

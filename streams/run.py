@@ -12,7 +12,9 @@ from pathlib import Path
 from compose.process import ManagedProcess
 from compose.stack import LocalStack
 from sinks.shards import ShardStore
+from streams.policies import POLICY_PREFIX, is_policy_drop, policy_flags, policy_from_args
 from streams.progress import DatasetFigures, DeadLetterReader, DeadLetterTally, dataset_figures
+from streams.regen import finished
 from streams.settings import KafkaSettings, StorageSettings
 
 
@@ -49,6 +51,11 @@ def _generate_flags(args: argparse.Namespace) -> list[str]:
     return flags
 
 
+def _tokenize_flags(args: argparse.Namespace) -> list[str]:
+    flags = policy_flags(policy_from_args(args))
+    return [*flags, "--no-drift"] if args.no_drift else flags
+
+
 @dataclass
 class RunResult:
     figures: DatasetFigures
@@ -72,7 +79,8 @@ async def wait_until_done(
         while True:
             figures = await asyncio.to_thread(dataset_figures, store)
             tally = await reader.poll()
-            done = len(expected & (figures.prompt_ids | tally.prompt_ids))
+            # every-turn conversations are done when each of their turns is
+            done = len(finished(expected, figures.prompt_ids | tally.prompt_ids))
             if show_progress:
                 print(
                     f"\rsamples {figures.samples}, dead letters {len(tally.prompt_ids)}, "
@@ -125,7 +133,9 @@ def run_pipeline(args: argparse.Namespace) -> int:
             for index in range(args.servers)
         ]
         kafka = KafkaSettings.from_env(bootstrap, args.topic_prefix, args.partitions)
-        summary = asyncio.run(publish(kafka, specs, args.limit, storage.storage_options()))
+        summary = asyncio.run(
+            publish(kafka, specs, args.limit, storage.storage_options(), regen=args.regen)
+        )
         print(summary.line())
         common = [
             "--bootstrap",
@@ -166,6 +176,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
                     args.dataset,
                     "--idle-flush",
                     "2",
+                    *_tokenize_flags(args),
                     *common,
                 ],
             )
@@ -190,7 +201,22 @@ def print_summary(result: RunResult, dataset_url: str, workdir: Path) -> None:
     print(f"  tokens       {figures.tokens}")
     print(f"  loss tokens  {figures.loss_tokens}")
     print(f"  shards       {figures.shards} in {dataset_url}")
-    print(f"  dead letters {len(tally.prompt_ids)}")
+    if figures.compared:
+        share = figures.drifted / figures.compared
+        print(
+            f"  drift        {figures.drifted} of {figures.compared} compared samples "
+            f"({share:.1%}) differ from the template's rendering"
+        )
+    else:
+        print("  drift        not measured (no sample with server ids was compared)")
+    if figures.truncated:
+        print(f"  truncated    {figures.truncated} samples cut to --max-seq-len")
+    policy = sorted((k, n) for k, n in tally.by_reason.items() if is_policy_drop(k[1]))
+    print(f"  policy drops {len(tally.policy_ids)} (dropped by the sample policy, not failures)")
+    for (_, kind), count in policy:
+        print(f"    {kind.removeprefix(POLICY_PREFIX)}: {count}")
+    print(f"  dead letters {len(tally.prompt_ids - tally.policy_ids)}")
     for (stage, kind), count in sorted(tally.by_reason.items()):
-        print(f"    {stage}/{kind}: {count}")
+        if not is_policy_drop(kind):
+            print(f"    {stage}/{kind}: {count}")
     print(f"  logs         {workdir / 'logs'}")

@@ -50,6 +50,8 @@ class Sample:
     drift: bool | None = None
     # first position where they differ (None: no drift or not measured)
     drift_position: int | None = None
+    # cut to the policy's --max-seq-len (streams/policies.py)
+    truncated: bool = False
 
     @property
     def num_tokens(self) -> int:

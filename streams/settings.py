@@ -7,10 +7,14 @@ import ssl
 from dataclasses import dataclass, field
 from typing import Any
 
+from streams.policies import SamplePolicy
+
 PROMPTS = "prompts"
 COMPLETIONS = "completions"
 DEAD_LETTERS = "dead-letters"
 GENERATE_GROUP = "draftgen-generate"
+# compacted: the latest heartbeat of each live worker, read by `draftgen status`
+WORKER_STATS = "worker-stats"
 
 
 def _env(name: str) -> str | None:
@@ -182,6 +186,9 @@ class TokenizeSettings:
     # group per dataset version; None: derived from the dataset name
     group_id: str | None = None
     from_beginning: bool = True
+    # compare server ids with the rendering (costs a render + encode per server sample)
+    measure_drift: bool = True
+    policy: SamplePolicy = field(default_factory=SamplePolicy)
 
     @property
     def consumer_group(self) -> str:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sinks.shards import SampleRow, ShardStore
+from streams.faults import AFTER_MARKER, CrashPoint
 from streams.generate import Event
 from streams.records import CompletionRecord, DeadLetter, RecordError
 from streams.samples import Sample, SampleBuilder, SampleError
@@ -72,6 +73,7 @@ class TokenizeWorker:
         self._windows: dict[Hashable, Window] = {}
         self._committed_ids: dict[Hashable, set[str]] = {}
         self._lock = asyncio.Lock()
+        self._crash_after_marker = CrashPoint(AFTER_MARKER)
 
     # -- the agent loop ----------------------------------------------------------------------
 
@@ -194,6 +196,7 @@ class TokenizeWorker:
             window.end_offset,
             rows,
         )
+        self._crash_after_marker.hit()
         self._committed_ids.setdefault(tp, set()).update(window.prompt_ids)
         for event in window.events:
             event.ack()
@@ -216,6 +219,7 @@ class TokenizeWorker:
             token_source=sample.token_source,
             drift=sample.drift,
             conversation_id=(completion.meta or {}).get("conversation_id"),
+            truncated=sample.truncated,
         )
 
     # -- outages -----------------------------------------------------------------------------

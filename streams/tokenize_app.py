@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from typing import Any
 
 import faust
 
 from sinks.shards import ShardStore
 from streams.faust_app import create_app, kafka_sender, raw_topic
-from streams.samples import SampleBuilder
+from streams.metrics import TokenizeMetrics
+from streams.observe import observe_tokenize
+from streams.observe_args import ObserveSettings
+from streams.policies import PolicySampleBuilder
 from streams.settings import COMPLETIONS, DEAD_LETTERS, TokenizeSettings
 from streams.tokenize import TokenizeWorker
 from streams.tokenizer_loading import LoadedTokenizer
@@ -26,12 +30,17 @@ def manifest(settings: TokenizeSettings, loaded: LoadedTokenizer) -> dict[str, A
         "consumer_group": settings.consumer_group,
         "shard_max_records": settings.shard_max_records,
         "shard_max_tokens": settings.shard_max_tokens,
+        "measure_drift": settings.measure_drift,
+        "policy": asdict(settings.policy),
         "created_at": time.time(),
     }
 
 
 def build_tokenize_app(
-    settings: TokenizeSettings, loaded: LoadedTokenizer, store: ShardStore
+    settings: TokenizeSettings,
+    loaded: LoadedTokenizer,
+    store: ShardStore,
+    observe: ObserveSettings | None = None,
 ) -> tuple[faust.App, TokenizeWorker]:
     kafka = settings.kafka
     app = create_app(
@@ -42,11 +51,18 @@ def build_tokenize_app(
     )
     worker = TokenizeWorker(
         settings,
-        SampleBuilder(loaded.tokenizer, loaded.profile, prefer=settings.token_source),
+        PolicySampleBuilder(
+            loaded.tokenizer,
+            loaded.profile,
+            prefer=settings.token_source,
+            measure_drift=settings.measure_drift,
+            policy=settings.policy,
+        ),
         store,
         kafka_sender(app),
         dead_letters_topic=kafka.topic(DEAD_LETTERS),
     )
+    observe_tokenize(app, worker, TokenizeMetrics(settings.dataset), observe or ObserveSettings())
 
     @app.agent(raw_topic(app, kafka.topic(COMPLETIONS)), name="tokenize")
     async def tokenize(stream: Any) -> None:

@@ -9,7 +9,7 @@ import logging
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from streams.settings import COMPLETIONS, DEAD_LETTERS, PROMPTS, KafkaSettings
+from streams.settings import COMPLETIONS, DEAD_LETTERS, PROMPTS, WORKER_STATS, KafkaSettings
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,18 @@ def topic_configs(kafka: KafkaSettings) -> dict[str, dict[str, str]]:
             "max.message.bytes": max_bytes,
         },
         DEAD_LETTERS: {"retention.ms": str(90 * 24 * 3600 * 1000), "max.message.bytes": max_bytes},
+        # Latest heartbeat per worker: short segments, compacted eagerly, so `status` reads
+        # little more than one record per worker.
+        WORKER_STATS: {
+            "cleanup.policy": "compact",
+            "segment.ms": str(10 * 60 * 1000),
+            "min.cleanable.dirty.ratio": "0.1",
+        },
     }
+
+
+# Heartbeats are a few per second at most: one partition keeps `status` reads cheap.
+_PARTITIONS = {WORKER_STATS: 1}
 
 
 async def ensure_topics(kafka: KafkaSettings) -> list[str]:
@@ -35,7 +46,9 @@ async def ensure_topics(kafka: KafkaSettings) -> list[str]:
     try:
         existing = set(await admin.list_topics())
         wanted = [
-            NewTopic(kafka.topic(name), kafka.partitions, 1, topic_configs=config)
+            NewTopic(
+                kafka.topic(name), _PARTITIONS.get(name, kafka.partitions), 1, topic_configs=config
+            )
             for name, config in topic_configs(kafka).items()
             if kafka.topic(name) not in existing
         ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -9,8 +10,20 @@ from typing import Any
 
 import orjson
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from compose.process import ManagedProcess
+from compose.seaweedfs import SeaweedS3
+from compose.stack import LocalStack
 from compose.tiny_tokenizers import build_qwen36_tokenizer
+from producers.publish import PublishSummary, publish
+from producers.sources import parse_source_spec
+from sinks.shards import ShardStore
+from streams.dead_letters import read_dead_letters
+from streams.progress import dataset_figures
+from streams.records import CompletionRecord, DeadLetter
+from streams.run import RunResult, wait_until_done
+from streams.settings import COMPLETIONS, KafkaSettings
 
 WORDS = [
     "refactor",
@@ -126,3 +139,179 @@ def write_prompts(tmp_path: Path) -> Callable[..., Path]:
 @pytest.fixture(scope="session")
 def qwen_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_qwen36_tokenizer(tmp_path_factory.mktemp("tok") / "qwen36-tiny")
+
+
+class Pipeline:
+    """One test's pipeline on the session's Kafka and S3: its own topics, groups and prefix."""
+
+    def __init__(
+        self,
+        stack: LocalStack,
+        bootstrap: str,
+        s3: SeaweedS3,
+        env: dict[str, str],
+        prefix: str,
+        tokenizer_dir: Path,
+        partitions: int = 8,
+        dataset: str = "ds",
+    ):
+        self.stack = stack
+        self.bootstrap = bootstrap
+        self.s3 = s3
+        self.env = env
+        self.prefix = prefix
+        self.tokenizer_dir = tokenizer_dir
+        self.partitions = partitions
+        self.dataset = dataset
+        self.out = f"s3://draftgen-test/{prefix}out"
+
+    @property
+    def kafka(self) -> KafkaSettings:
+        return KafkaSettings(
+            bootstrap=self.bootstrap, topic_prefix=self.prefix, partitions=self.partitions
+        )
+
+    @property
+    def common(self) -> list[str]:
+        return [
+            "--bootstrap",
+            self.bootstrap,
+            "--topic-prefix",
+            self.prefix,
+            "--partitions",
+            str(self.partitions),
+        ]
+
+    def store(self, dataset: str | None = None) -> ShardStore:
+        return ShardStore(self.out, dataset or self.dataset, self.s3.endpoint.storage_options())
+
+    def emulator(
+        self, *options: str, name: str = "emulator", tokenizer_dir: Path | None = None
+    ) -> tuple[str, ManagedProcess]:
+        return self.stack.start_emulator_process(
+            tokenizer_dir or self.tokenizer_dir, "--tokens-per-s", "4000", *options, name=name
+        )
+
+    def generate(
+        self, server: str, *extra: str, name: str = "generate", env: dict[str, str] | None = None
+    ) -> ManagedProcess:
+        return self.stack.start_worker(
+            name,
+            [
+                "--log-level",
+                "INFO",
+                "worker",
+                "generate",
+                "--server",
+                server,
+                "--concurrency",
+                "16",
+                *self.common,
+                *extra,
+            ],
+            env={**self.env, **(env or {})},
+        )
+
+    def tokenize(
+        self,
+        *extra: str,
+        dataset: str | None = None,
+        name: str = "tokenize",
+        env: dict[str, str] | None = None,
+    ) -> ManagedProcess:
+        return self.stack.start_worker(
+            name,
+            [
+                "--log-level",
+                "INFO",
+                "worker",
+                "tokenize",
+                "--tokenizer",
+                str(self.tokenizer_dir),
+                "--out",
+                self.out,
+                "--dataset",
+                dataset or self.dataset,
+                "--idle-flush",
+                "1",
+                "--shard-records",
+                "50",
+                *self.common,
+                *extra,
+            ],
+            env={**self.env, **(env or {})},
+        )
+
+    def publish(self, source: Path) -> PublishSummary:
+        return asyncio.run(publish(self.kafka, [parse_source_spec(str(source))], progress=False))
+
+    def wait(
+        self,
+        expected: set[str],
+        workers: list[ManagedProcess],
+        timeout: float = 240,
+        dataset: str | None = None,
+    ) -> RunResult:
+        return asyncio.run(
+            wait_until_done(
+                self.kafka, self.store(dataset), expected, workers, timeout, show_progress=False
+            )
+        )
+
+    def completions(self) -> dict[str, CompletionRecord]:
+        return asyncio.run(_read_topic(self.kafka, COMPLETIONS, CompletionRecord))
+
+    def dead_letters(self) -> list[DeadLetter]:
+        return asyncio.run(read_dead_letters(self.kafka))
+
+    def assert_exactly_once(self, expected: set[str], dataset: str | None = None) -> None:
+        """Each expected prompt id once among committed shards or dead letters, nothing else;
+        and every marker's shard is there with the rows the marker promises."""
+        store = self.store(dataset)
+        figures = dataset_figures(store)
+        assert figures.duplicate_ids == 0
+        dead = {letter.prompt_id for letter in self.dead_letters() if letter.prompt_id}
+        assert figures.prompt_ids | dead == expected
+        table = store.read_table()
+        assert table.num_rows == figures.samples
+        assert len(set(table["prompt_id"].to_pylist())) == table.num_rows
+
+
+async def _read_topic(kafka: KafkaSettings, topic: str, record_type: Any) -> dict[str, Any]:
+    """Every record of a topic up to its current end, keyed by prompt id (last one wins)."""
+    consumer = AIOKafkaConsumer(**kafka.aiokafka_kwargs(), enable_auto_commit=False)
+    await consumer.start()
+    found: dict[str, Any] = {}
+    try:
+        name = kafka.topic(topic)
+        partitions = [TopicPartition(name, p) for p in (await _partitions(consumer, name))]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning()
+        ends = await consumer.end_offsets(partitions)
+        for tp, end in ends.items():
+            while await consumer.position(tp) < end:
+                batch = await consumer.getmany(tp, timeout_ms=1000)
+                for record in batch.get(tp, []):
+                    decoded = record_type.decode(record.value)
+                    found[decoded.prompt_id] = decoded
+    finally:
+        await consumer.stop()
+    return found
+
+
+async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
+    # `consumer.topics()` reads metadata into a copy: partitions_for_topic would stay None
+    await consumer._client.force_metadata_update()
+    return consumer.partitions_for_topic(topic) or set()
+
+
+@pytest.fixture
+def pipeline(
+    stack: LocalStack,
+    bootstrap: str,
+    s3: SeaweedS3,
+    s3_env: dict[str, str],
+    topic_prefix: str,
+    qwen_tokenizer_dir: Path,
+) -> Pipeline:
+    return Pipeline(stack, bootstrap, s3, s3_env, topic_prefix, qwen_tokenizer_dir)

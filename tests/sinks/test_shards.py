@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from sinks.layout import DatasetLayout, parse_shard_name, shard_stem
-from sinks.shards import SampleRow, ShardStore
+from sinks.shards import SampleRow, ShardMarker, ShardStore
 
 
 def test_shard_names_hold_partition_and_start_offset_only() -> None:
@@ -65,3 +65,22 @@ def test_window_without_samples_gets_a_marker_only(tmp_path: Path) -> None:
     assert marker.rows == 0
     assert store.committed_shard_paths() == []
     assert not Path(store.layout.shard(0, 5)).exists()
+
+
+def test_marker_counts_drift_and_truncation(tmp_path: Path) -> None:
+    store = ShardStore(str(tmp_path), "v1")
+    batch = rows("a", "b", "c", "d")
+    batch[0].drift, batch[1].drift, batch[2].drift = True, False, True
+    batch[3].truncated = True
+    marker = store.write_shard(0, 0, 3, batch)
+    assert (marker.compared, marker.drifted, marker.truncated) == (3, 2, 1)
+    assert store.markers() == [marker]
+
+
+def test_markers_from_before_the_drift_report_still_decode() -> None:
+    old = b'{"partition":1,"start_offset":0,"end_offset":4,"rows":2,"tokens":8,"loss_tokens":4,'
+    old += b'"sha256":"x","prompt_ids":["a","b"],"written_at":1.0}'
+    marker = ShardMarker.decode(old)
+    assert (marker.rows, marker.compared, marker.drifted, marker.truncated) == (2, 0, 0, 0)
+    newer = old[:-1] + b',"some_future_field":7}'
+    assert ShardMarker.decode(newer) == marker
