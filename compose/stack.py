@@ -16,7 +16,7 @@ from compose.seaweedfs import SeaweedS3
 
 def draftgen_argv(*args: str) -> list[str]:
     """Run the CLI with this interpreter, whatever PATH says."""
-    return [sys.executable, "-m", "streams.cli", *args]
+    return [sys.executable, "-m", "streams", *args]
 
 
 def _http_ok(url: str) -> bool:

@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from producers.normalize import make_prompt_record
 from producers.sources import Row, SourceSpec, mix_sources, row_error
+from streams.ledger import REGENERATE, generated_prompt_ids, read_generated
 from streams.records import DeadLetter, RecordError
 from streams.regen import FINAL, mark
 from streams.settings import DEAD_LETTERS, PROMPTS, KafkaSettings
@@ -30,6 +31,8 @@ MAX_OUTSTANDING = 1000
 class PublishSummary:
     published: int = 0
     duplicates: int = 0
+    # in the `generated` ledger already (any settings): not published again
+    already_generated: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
     prompt_ids: list[str] = field(default_factory=list)
 
@@ -38,6 +41,7 @@ class PublishSummary:
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(self.rejected.items()))
         return (
             f"published {self.published}, skipped as duplicates {self.duplicates}, "
+            f"already generated {self.already_generated}, "
             f"rejected {rejected}" + (f" ({kinds})" if kinds else "")
         )
 
@@ -53,11 +57,18 @@ async def publish(
     storage_options: dict[str, Any] | None = None,
     progress: bool = True,
     regen: str = FINAL,
+    regenerate: bool = False,
 ) -> PublishSummary:
     """Publish every row of `specs`; `regen` "every-turn" asks the generate stage to regenerate
-    each assistant turn of a conversation, not only the final one (streams/regen.py)."""
+    each assistant turn of a conversation, not only the final one (streams/regen.py).
+    Prompts in the `generated` ledger are skipped; `regenerate` publishes them anyway, marked
+    so that the generate workers do not skip them either."""
     meta = mark({}, regen)
     await ensure_topics(kafka)
+    # What was generated before, by any publish run or source: not sent again.
+    done = set() if regenerate else generated_prompt_ids(await read_generated(kafka))
+    if regenerate:
+        meta[REGENERATE] = True
     producer = AIOKafkaProducer(
         **kafka.aiokafka_kwargs(),
         acks="all",
@@ -93,7 +104,9 @@ async def publish(
 
     try:
         for spec, row_number, row in mix_sources(specs, limit, storage_options=storage_options):
-            await _publish_row(spec, row_number, row, summary, seen, send, reject, kafka, meta)
+            await _publish_row(
+                spec, row_number, row, summary, seen, send, reject, kafka, meta, done
+            )
             bar.update(1)
         if pending:
             for future in await asyncio.gather(*pending, return_exceptions=True):
@@ -116,6 +129,7 @@ async def _publish_row(
     reject: Any,
     kafka: KafkaSettings,
     meta: dict[str, Any],
+    done: set[str],
 ) -> None:
     if isinstance(row, bytes):
         await reject(spec, row_number, row_error(row), row)
@@ -127,6 +141,9 @@ async def _publish_row(
         return
     if record.prompt_id in seen:
         summary.duplicates += 1
+        return
+    if record.prompt_id in done:
+        summary.already_generated += 1
         return
     value = record.encode()
     if len(value) > kafka.max_message_bytes:

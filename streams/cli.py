@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import asyncio
+import contextlib
 import faulthandler
 import logging
 import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from streams.policies import add_policy_arguments, policy_from_args
 from streams.settings import (
@@ -217,6 +217,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
             storage.storage_options(),
             not args.no_progress,
             regen=args.regen,
+            regenerate=args.regenerate,
         )
     )
     print(summary.line())
@@ -226,12 +227,13 @@ def cmd_publish(args: argparse.Namespace) -> int:
 def cmd_worker_generate(args: argparse.Namespace) -> int:
     from streams.faust_app import run_worker
     from streams.generate_app import build_generate_app
+    from streams.generate_once import once_from_args
     from streams.observe_args import observe_settings
     from streams.topics import ensure_topics
 
     settings = _generate_settings(args, args.server)
     asyncio.run(ensure_topics(settings.kafka))
-    app, _ = build_generate_app(settings, observe_settings(args))
+    app, _ = build_generate_app(settings, observe_settings(args), once_from_args(args))
     run_worker(app, args.log_level)
     return 0
 
@@ -359,6 +361,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     publish.add_argument("--limit", type=_positive_int, default=None)
     publish.add_argument("--no-progress", action="store_true")
+    publish.add_argument(
+        "--regenerate",
+        action="store_true",
+        help="publish and generate prompts even if the `generated` ledger has them",
+    )
     _add_regen(publish)
     _add_kafka(publish)
     publish.set_defaults(handler=cmd_publish)
@@ -371,6 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--server", required=True, help="the SGLang server's base URL")
     _add_kafka(generate)
     _add_generate(generate)
+    from streams.generate_once import add_once_arguments
+
+    add_once_arguments(generate)
     add_observe_arguments(generate)
     generate.set_defaults(handler=cmd_worker_generate)
     tokenize = workers.add_parser("tokenize", help="completions → Arrow shards for one dataset")
@@ -378,6 +388,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tokenize(tokenize)
     add_observe_arguments(tokenize)
     tokenize.set_defaults(handler=cmd_worker_tokenize)
+
+    from streams.replay import add_replay_command
+
+    add_replay_command(commands)
 
     dead = commands.add_parser("dead-letters", help="list dead letters; re-publish after a fix")
     dead.add_argument("--stage", choices=["publish", "generate", "tokenize"], default=None)
@@ -437,9 +451,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def _entry(*_: Any) -> None:
-    sys.exit(main())
-
-
-if __name__ == "__main__":
-    sys.exit(main())

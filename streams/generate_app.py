@@ -8,14 +8,25 @@ import faust
 
 from streams.faust_app import create_app, kafka_sender, raw_topic
 from streams.generate import GenerateWorker
+from streams.generate_once import OnceGenerateWorker, OnceSettings
 from streams.metrics import GenerateMetrics, TimedClient
 from streams.observe import observe_generate
 from streams.observe_args import ObserveSettings
-from streams.settings import COMPLETIONS, DEAD_LETTERS, GENERATE_GROUP, PROMPTS, GenerateSettings
+from streams.settings import (
+    COMPLETIONS,
+    DEAD_LETTERS,
+    GENERATE_GROUP,
+    GENERATED,
+    PROMPTS,
+    GenerateSettings,
+)
+from streams.steal import Stealer
 
 
 def build_generate_app(
-    settings: GenerateSettings, observe: ObserveSettings | None = None
+    settings: GenerateSettings,
+    observe: ObserveSettings | None = None,
+    once: OnceSettings | None = None,
 ) -> tuple[faust.App, GenerateWorker]:
     kafka = settings.kafka
     app = create_app(
@@ -27,12 +38,16 @@ def build_generate_app(
         instance_id=settings.instance_id,
     )
     metrics = GenerateMetrics(settings.server)
-    worker = GenerateWorker(
+    # each prompt once per generation settings (ledger), optionally stealing at the end
+    once = once or OnceSettings()
+    worker = OnceGenerateWorker(
         settings,
         TimedClient(settings, metrics),
         kafka_sender(app),
         completions_topic=kafka.topic(COMPLETIONS),
         dead_letters_topic=kafka.topic(DEAD_LETTERS),
+        ledger_topic=kafka.topic(GENERATED),
+        once=once,
     )
     observe_generate(app, worker, metrics, observe or ObserveSettings())
 
@@ -45,6 +60,19 @@ def build_generate_app(
     @app.task
     async def start_worker() -> None:
         await worker.start()
+
+    if once.steal_after_s > 0 and once.ledger:
+        prompts = kafka.topic(PROMPTS)
+
+        def owned() -> set[int]:
+            return {tp.partition for tp in app.consumer.assignment() if tp.topic == prompts}
+
+        stealer = Stealer(worker, kafka, prompts, kafka.group(GENERATE_GROUP), owned)
+
+        @app.task
+        async def steal() -> None:
+            await worker._ready.wait()
+            await stealer.run()
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # faust types are narrower than its runtime
     async def on_revoked(sender: Any, *args: Any, **_: Any) -> None:

@@ -146,13 +146,14 @@ class SampleBuilder:
         """The prompt text (ending with the generation prompt) and the generated turn's text."""
         messages = [self._prepare(m) for m in completion.messages]
         generated = self._prepare(completion.generated_message())
-        prompt = self._apply_template(messages, completion.tools, add_generation_prompt=True)
+        tools = template_tools(completion.tools)
+        prompt = self._apply_template(messages, tools, add_generation_prompt=True)
         if self.profile.name == "kimi_k2":
             turn = _kimi_turn(generated, self.profile, completion, _count_calls(messages))
         elif self.profile.name == "qwen3":
             turn = _qwen_turn(generated, self.profile, completion)
         else:
-            turn = self._template_turn(messages, generated, completion.tools, prompt)
+            turn = self._template_turn(messages, generated, tools, prompt)
         return RenderedText(prompt, turn, self._split_point(prompt))
 
     # -- rendering ------------------------------------------------------------------------
@@ -403,6 +404,27 @@ def _qwen_value(value: Any) -> str:
 
 
 # -- helpers -------------------------------------------------------------------------------
+
+
+def template_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """The tools as SGLang hands them to the chat template: each OpenAI tool's function as
+    its pydantic dump (`item.function.model_dump()`), not the `{"type", "function"}` wrapper.
+    Templates print them as JSON, so any other shape renders another prompt than the
+    server's (and shows as drift on every prompt with tools)."""
+    if not tools:
+        return None
+    out = []
+    for tool in tools:
+        function = tool.get("function", tool)
+        out.append(
+            {
+                "description": function.get("description"),
+                "name": function.get("name"),
+                "parameters": function.get("parameters"),
+                "strict": bool(function.get("strict", False)),
+            }
+        )
+    return out
 
 
 def _function(call: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -15,6 +15,8 @@ DEAD_LETTERS = "dead-letters"
 GENERATE_GROUP = "draftgen-generate"
 # compacted: the latest heartbeat of each live worker, read by `draftgen status`
 WORKER_STATS = "worker-stats"
+# compacted: one record per (prompt_id, generation settings) generated (streams/ledger.py)
+GENERATED = "generated"
 
 
 def _env(name: str) -> str | None:

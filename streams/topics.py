@@ -9,7 +9,14 @@ import logging
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from streams.settings import COMPLETIONS, DEAD_LETTERS, PROMPTS, WORKER_STATS, KafkaSettings
+from streams.settings import (
+    COMPLETIONS,
+    DEAD_LETTERS,
+    GENERATED,
+    PROMPTS,
+    WORKER_STATS,
+    KafkaSettings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +39,8 @@ def topic_configs(kafka: KafkaSettings) -> dict[str, dict[str, str]]:
             "segment.ms": str(10 * 60 * 1000),
             "min.cleanable.dirty.ratio": "0.1",
         },
+        # What was generated, per prompt and settings: compacted, never deleted (streams/ledger.py).
+        GENERATED: {"cleanup.policy": "compact", "retention.ms": "-1"},
     }
 
 

@@ -193,13 +193,18 @@ class Pipeline:
         )
 
     def generate(
-        self, server: str, *extra: str, name: str = "generate", env: dict[str, str] | None = None
+        self,
+        server: str,
+        *extra: str,
+        name: str = "generate",
+        env: dict[str, str] | None = None,
+        log_level: str = "INFO",
     ) -> ManagedProcess:
         return self.stack.start_worker(
             name,
             [
                 "--log-level",
-                "INFO",
+                log_level,
                 "worker",
                 "generate",
                 "--server",

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from streams.families import FamilyProfile, detect_family
 from streams.records import CompletionRecord
-from streams.samples import Sample, SampleBuilder, SampleError
+from streams.samples import Sample, SampleBuilder, SampleError, template_tools
 
 FAMILIES = ("qwen36", "kimi_k26")
 SETTINGS = settings(
@@ -38,7 +38,11 @@ class Family:
         if self.name == "qwen36":  # Qwen's template takes arguments as a mapping
             messages = _decoded(messages)
         text = self.tokenizer.apply_chat_template(
-            messages, tools=tools, tokenize=False, **self.profile.template_kwargs(True), **kwargs
+            messages,
+            tools=template_tools(tools),  # as SGLang passes them
+            tokenize=False,
+            **self.profile.template_kwargs(True),
+            **kwargs,
         )
         assert isinstance(text, str)
         return text
@@ -525,3 +529,20 @@ def test_qwen_rejects_tool_arguments_that_are_not_json(families: dict[str, Famil
 def test_prefer_must_be_a_token_source(fam: Family) -> None:
     with pytest.raises(ValueError):
         fam.builder(prefer="tokens")
+
+
+def test_prompt_with_tools_renders_as_the_server_renders_it(fam: Family) -> None:
+    """SGLang hands the template each tool's function, not the OpenAI wrapper: the rendered
+    prompt must be the server's, or every prompt with tools would count as drift."""
+    from compose.emulator.chat import parse_chat_request, render_prompt
+    from compose.emulator.model import EmulatedModel
+
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    request = {
+        "messages": messages,
+        "tools": TOOLS,
+        "chat_template_kwargs": fam.profile.template_kwargs(True),
+    }
+    server_text, _ = render_prompt(EmulatedModel(fam.directory), parse_chat_request(request))
+    completion = CompletionRecord(prompt_id="p", messages=messages, tools=TOOLS, content="x")
+    assert fam.builder().render(completion).prompt == server_text

@@ -1,0 +1,7 @@
+"""`python -m streams` runs the `draftgen` command line (what child processes use)."""
+
+import sys
+
+from streams.cli import main
+
+sys.exit(main())

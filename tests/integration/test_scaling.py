@@ -1,0 +1,85 @@
+"""Horizontal scaling on the real stack: a generate worker added mid-run takes over partitions
+and raises throughput; one stopped (SIGTERM) mid-run hands its partitions back; every prompt
+ends exactly once either way."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.scaling_helpers import (
+    key_counts,
+    rate,
+    requests_served,
+    topic_size,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+PROMPTS = 240
+# ~135 output tokens at 60 tokens/s: ~2.3 s a request, 16 in flight: ~7 prompts/s a server
+SLOW = ("--tokens-per-s", "60")
+
+
+def test_a_worker_added_mid_run_takes_partitions_and_raises_throughput(
+    pipeline, write_prompts
+) -> None:
+    first_url, _ = pipeline.emulator(*SLOW, "--seed", "0", name="emulator-0")
+    workers = [pipeline.generate(first_url, name="generate-0"), pipeline.tokenize()]
+    expected = set(pipeline.publish(write_prompts(PROMPTS)).prompt_ids)
+    wait_for(lambda: topic_size(pipeline.kafka) >= 10, 60, "the first completions")
+    alone = rate(pipeline.kafka, 5)
+
+    second_url, _ = pipeline.emulator(*SLOW, "--seed", "1", name="emulator-1")
+    workers.append(pipeline.generate(second_url, name="generate-1"))
+    wait_for(lambda: requests_served(second_url) > 0, 60, "the new worker's first request")
+    together = rate(pipeline.kafka, 5)
+
+    pipeline.wait(expected, workers, timeout=90)
+    pipeline.assert_exactly_once(expected)
+    assert requests_served(second_url) >= 30, "the new worker took over partitions"
+    assert together > 1.4 * alone, (alone, together)
+    # nothing was generated twice: the ledger / the offsets held across the rebalance
+    assert requests_served(first_url) + requests_served(second_url) <= PROMPTS + 16
+
+
+def test_a_worker_stopped_mid_run_hands_its_partitions_back(pipeline, write_prompts) -> None:
+    urls, generators = [], []
+    for index in range(2):
+        url, _ = pipeline.emulator(*SLOW, "--seed", str(index), name=f"emulator-{index}")
+        urls.append(url)
+        generators.append(pipeline.generate(url, name=f"generate-{index}"))
+    tokenize = pipeline.tokenize()
+    expected = set(pipeline.publish(write_prompts(PROMPTS)).prompt_ids)
+    wait_for(lambda: requests_served(urls[1]) >= 30, 60, "both workers busy")
+    wait_for(lambda: requests_served(urls[0]) >= 30, 60, "both workers busy")
+
+    generators[1].stop()  # SIGTERM: leaves the group, its partitions move to the other worker
+    stopped_at = requests_served(urls[1])
+    remaining_at_stop = PROMPTS - topic_size(pipeline.kafka)
+    before = requests_served(urls[0])
+
+    try:
+        pipeline.wait(expected, [generators[0], tokenize], timeout=90)
+    except Exception:
+        _explain_missing(pipeline, expected)
+        raise
+    pipeline.assert_exactly_once(expected)
+    assert requests_served(urls[1]) == stopped_at, "a stopped worker sends nothing"
+    # the survivor did all that remained, including the stopped worker's partitions
+    assert requests_served(urls[0]) - before >= remaining_at_stop - 16
+
+
+def _explain_missing(pipeline, expected: set[str]) -> None:
+    """On a timeout: where the missing prompts got to (completions topic, ledger)."""
+    from streams.progress import dataset_figures
+    from streams.settings import GENERATED
+
+    done = dataset_figures(pipeline.store()).prompt_ids
+    completions = key_counts(pipeline.kafka)
+    ledger = {k.rpartition("@")[0] for k in key_counts(pipeline.kafka, GENERATED)}
+    for prompt_id in sorted(expected - done):
+        print(
+            f"missing {prompt_id}: completions {completions.get(prompt_id, 0)}, "
+            f"in ledger {prompt_id in ledger}"
+        )
