@@ -189,4 +189,3 @@ async def regenerate_turns(
         else:
             history.append(answer)
     return outcomes
-

@@ -137,6 +137,8 @@ class StorageSettings:
             client_kwargs["region_name"] = self.s3_region
         if client_kwargs:
             options["client_kwargs"] = client_kwargs
+        # Outages are waited out by our own retry loops; botocore's should fail fast instead.
+        options["config_kwargs"] = {"connect_timeout": 10, "retries": {"max_attempts": 3}}
         return options
 
 

@@ -232,7 +232,7 @@ def test_generate_worker_handles_other_prompts_as_before() -> None:
     model = FakeModel()
     worker = make_worker(model)
     final = conversation(user("a"), assistant("A"), user("b"), mode=regen.FINAL)
-    (topic, key, value), = asyncio.run(worker.process_all(b"c0ffee", final.encode()))
+    ((topic, key, value),) = asyncio.run(worker.process_all(b"c0ffee", final.encode()))
     assert (topic, key) == ("completions", b"c0ffee")
     assert CompletionRecord.decode(value).meta == {"row": 3}
     # every-turn but with tools in use: the final turn only, under the conversation's id
@@ -241,7 +241,7 @@ def test_generate_worker_handles_other_prompts_as_before() -> None:
         assistant("", tool_calls=[{"id": "x", "function": {"name": "f", "arguments": "{}"}}]),
         {"role": "tool", "tool_call_id": "x", "content": "out"},
     )
-    (topic, key, _), = asyncio.run(worker.process_all(b"c0ffee", tools.encode()))
+    ((topic, key, _),) = asyncio.run(worker.process_all(b"c0ffee", tools.encode()))
     assert (topic, key) == ("completions", b"c0ffee")
-    (topic, key, value), = asyncio.run(worker.process_all(b"bad", b"not json every-turn"))
+    ((topic, key, value),) = asyncio.run(worker.process_all(b"bad", b"not json every-turn"))
     assert topic == "dead" and DeadLetter.decode(value).kind == "not_json"
