@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -159,3 +160,26 @@ def test_workers_refuse_to_start_with_one_line(pipeline, tmp_path: Path) -> None
 
     bad_flag = run_cli("publish", "--limit", "many", "--bootstrap", pipeline.bootstrap)
     assert bad_flag.returncode == 2 and bad_flag.stderr.count("\n") == 1
+
+
+def test_dead_letters_are_listed_and_can_be_republished(pipeline, write_prompts) -> None:
+    url, _ = pipeline.emulator("--fail-400-rate", "0.3")
+    workers = [pipeline.generate(url), pipeline.tokenize()]
+    summary = pipeline.publish(write_prompts(20))
+    pipeline.wait(set(summary.prompt_ids), workers)
+    letters = pipeline.dead_letters()
+    assert letters and {letter.kind for letter in letters} == {"context_too_long"}
+
+    listing = run_cli("dead-letters", *pipeline.common)
+    assert listing.returncode == 0, listing.stderr
+    assert f"{len(letters)} dead letters" in listing.stdout
+    assert "generate" in listing.stdout and "context_too_long" in listing.stdout
+
+    # the same prompts go back to `prompts`; the injected 400 is per prompt, so they fail again
+    again = run_cli("dead-letters", *pipeline.common, "--stage", "generate", "--republish")
+    assert again.returncode == 0, again.stderr
+    assert f"re-published {len(letters)}" in again.stdout
+    deadline = time.monotonic() + 60
+    while len(pipeline.dead_letters()) < 2 * len(letters) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert len(pipeline.dead_letters()) == 2 * len(letters)
