@@ -438,6 +438,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     # Retried NotLeader answers on fresh partitions are routine, not worth a line each.
     logging.getLogger("aiokafka.producer.sender").setLevel(logging.ERROR)
+    if args.command in ("run", "publish"):
+        # Short-lived readers of just-created topics: aiokafka logs each internal retry of an
+        # offset lookup on a partition whose leader is not elected yet as an ERROR.
+        logging.getLogger("aiokafka.consumer.fetcher").setLevel(logging.CRITICAL)
     # `kill -USR1 <pid>` prints every thread's stack: the first thing to look at in a stall.
     with contextlib.suppress(ValueError, OSError, AttributeError):  # stderr without a file
         faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -449,5 +453,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-
-

@@ -184,7 +184,14 @@ def run_pipeline(args: argparse.Namespace) -> int:
         store = ShardStore(out, args.dataset, storage.storage_options())
         try:
             result = asyncio.run(
-                wait_until_done(kafka, store, set(summary.prompt_ids), workers, args.timeout)
+                wait_until_done(
+                    kafka,
+                    store,
+                    set(summary.prompt_ids),
+                    workers,
+                    args.timeout,
+                    show_progress=sys.stderr.isatty(),
+                )
             )
         except RunFailed as err:
             raise CliError(str(err)) from None
