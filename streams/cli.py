@@ -43,6 +43,28 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _env_log_level() -> str:
+    level = os.environ.get("DRAFTGEN_LOG_LEVEL", "WARNING").upper()
+    return level if level in ("DEBUG", "INFO", "WARNING", "ERROR") else "WARNING"
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
 def _add_kafka(parser: argparse.ArgumentParser, required: bool = True) -> None:
     parser.add_argument(
         "--bootstrap",
@@ -67,8 +89,8 @@ def _kafka(args: argparse.Namespace) -> KafkaSettings:
 
 
 def _add_sampling(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--top-p", type=float, default=0.95)
+    parser.add_argument("--temperature", type=_non_negative_float, default=1.0)
+    parser.add_argument("--top-p", type=_positive_float, default=0.95)
     parser.add_argument("--max-tokens", type=_positive_int, default=8192)
     parser.add_argument("--seed", type=int, default=None)
 
@@ -94,7 +116,7 @@ def _add_generate(parser: argparse.ArgumentParser) -> None:
         default=5,
         help="attempts for transient errors before a dead letter (default 5)",
     )
-    parser.add_argument("--request-timeout", type=float, default=1800.0)
+    parser.add_argument("--request-timeout", type=_positive_float, default=1800.0)
     parser.add_argument(
         "--instance-id",
         default=None,
@@ -248,7 +270,12 @@ def cmd_worker_tokenize(args: argparse.Namespace, group_id: str | None = None) -
 
     settings = _tokenize_settings(args, group_id)
     loaded = load_tokenizer(settings.tokenizer_dir, settings.chat_template_file, settings.family)
-    store = ShardStore(settings.storage.out, settings.dataset, settings.storage.storage_options())
+    try:
+        store = ShardStore(
+            settings.storage.out, settings.dataset, settings.storage.storage_options()
+        )
+    except ValueError as err:
+        raise CliError(f"--out {settings.storage.out}: {err}") from None
     try:
         store.write_manifest(manifest(settings, loaded))
     except Exception as err:
@@ -307,7 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="draftgen", description=__doc__)
     parser.add_argument(
         "--log-level",
-        default=os.environ.get("DRAFTGEN_LOG_LEVEL", "WARNING"),
+        default=_env_log_level(),
+        type=str.upper,
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
     )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -419,10 +447,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _known_errors() -> tuple[type[BaseException], ...]:
+    from aiokafka.errors import KafkaError
+
     from compose.process import ServiceError
     from streams.families import TokenizerDirError
 
-    return (CliError, TokenizerDirError, ServiceError, FileNotFoundError, PermissionError)
+    # KafkaError: an unreachable broker or an invalid topic name, said in one line
+    return (
+        CliError,
+        TokenizerDirError,
+        ServiceError,
+        FileNotFoundError,
+        PermissionError,
+        KafkaError,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

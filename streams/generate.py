@@ -136,11 +136,13 @@ class GenerateWorker:
                 await self._send_until_acked(topic, key, value)
         except asyncio.CancelledError:
             raise
-        except Exception:  # never drop a prompt silently: it stays unacked and is redelivered
-            log.exception("unexpected failure on a prompt; it will be redelivered after restart")
-            self.stats.in_flight -= 1
-            self._slots.release()
-            return
+        except Exception as err:  # a bug, not bad input: dead-letter it so the partition moves on
+            log.exception("unexpected failure on a prompt; sending it to dead letters")
+            prompt_id = bytes(event.key).decode("utf-8", "replace") if event.key else None
+            letter = self._dead_letter(
+                "internal_error", f"{type(err).__name__}: {err}", bytes(event.value), prompt_id
+            )
+            await self._send_until_acked(*letter)
         self.stats.in_flight -= 1
         self._slots.release()
         message = event.message

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from streams.generate import Event, GenerateWorker, Send
-from streams.ledger import REGENERATE, LedgerFollower, ledger_value, settings_hash
+from streams.ledger import REGENERATE, LedgerFollower, ledger_key, ledger_value, settings_hash
 from streams.regen import FINAL
 from streams.settings import GenerateSettings
 from streams.sglang_client import SGLangClient
@@ -99,6 +99,13 @@ class OnceGenerateWorker(GenerateWorker):
     async def process_all(self, key: bytes | None, value: bytes) -> list[Output]:
         if not self.once.ledger or not key:
             return await super().process_all(key, value)
+        await self._generate_and_record(key, value, keep_dead_letters=True)
+        return []  # already sent, in order, before the ledger learnt of the prompt
+
+    async def _generate_and_record(self, key: bytes, value: bytes, keep_dead_letters: bool) -> bool:
+        """Generate unless the ledger has it; send the outputs, then record it. The ledger (and
+        this process's view of it) learns of a prompt only once its completion is acknowledged
+        by Kafka, so a copy skipped because of it can never be the prompt's last chance."""
         await self.ledger.caught_up.wait()
         prompt_id = key.decode("utf-8", "replace")
         regen, regenerate = prompt_mode(value)
@@ -108,27 +115,27 @@ class OnceGenerateWorker(GenerateWorker):
             await asyncio.shield(running)
         if not regenerate and self.ledger.contains(prompt_id, settings):
             self.skipped += 1
-            return []
+            return False
         done = asyncio.get_running_loop().create_future()
         self._running[prompt_id] = done
         try:
             outputs = await super().process_all(key, value)
+            if not keep_dead_letters:
+                outputs = [o for o in outputs if o[0] != self.dead_letters_topic]
+            completed = any(topic == self.completions_topic for topic, _, _ in outputs)
+            if completed:
+                record = ledger_value(prompt_id, settings, self.client.base_url)
+                outputs.append(
+                    (self.ledger_topic, ledger_key(prompt_id, settings).encode(), record)
+                )
+            for topic, out_key, out_value in outputs:
+                await self._send_until_acked(topic, out_key, out_value)
+            if completed:
+                self.ledger.add(prompt_id, settings)
         finally:
             del self._running[prompt_id]
             done.set_result(None)
-        if any(topic == self.completions_topic for topic, _, _ in outputs):
-            # Known here at once; the outputs are sent in order, completion first, and a
-            # later copy is acked only after this one (offset order), so a crash before the
-            # completion is acknowledged loses nothing: both copies are redelivered.
-            self.ledger.add(prompt_id, settings)
-            outputs.append(
-                (
-                    self.ledger_topic,
-                    f"{prompt_id}@{settings}".encode(),
-                    ledger_value(prompt_id, settings, self.client.base_url),
-                )
-            )
-        return outputs
+        return completed
 
     async def run_stolen(self, records: list[tuple[bytes, bytes]]) -> int:
         """Generate prompts taken from another worker's backlog; returns how many completed.
@@ -138,11 +145,7 @@ class OnceGenerateWorker(GenerateWorker):
             await self._slots.acquire()
             self.stats.in_flight += 1
             try:
-                outputs = await self.process_all(key, value)
-                outputs = [o for o in outputs if o[0] != self.dead_letters_topic]
-                for topic, out_key, out_value in outputs:
-                    await self._send_until_acked(topic, out_key, out_value)
-                return any(o[0] == self.completions_topic for o in outputs)
+                return await self._generate_and_record(key, value, keep_dead_letters=False)
             except asyncio.CancelledError:
                 raise
             except Exception:

@@ -197,7 +197,10 @@ class TokenizeWorker:
             rows,
         )
         self._crash_after_marker.hit()
-        self._committed_ids.setdefault(tp, set()).update(window.prompt_ids)
+        committed = self._committed_ids.get(tp)
+        if committed is None:
+            return  # revoked while writing: its new owner re-adopts it from the markers
+        committed.update(window.prompt_ids)
         for event in window.events:
             event.ack()
         self.stats.shards += 1 if rows else 0
