@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+from streams.arg_types import non_negative_float, positive_float, positive_int
 from streams.policies import add_policy_arguments, policy_from_args
 from streams.settings import (
     GenerateSettings,
@@ -33,36 +34,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-    return value
-
-
 def _env_log_level() -> str:
     level = os.environ.get("DRAFTGEN_LOG_LEVEL", "WARNING").upper()
     return level if level in ("DEBUG", "INFO", "WARNING", "ERROR") else "WARNING"
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = _non_negative_float(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-    return value
 
 
 def _add_kafka(parser: argparse.ArgumentParser, required: bool = True) -> None:
@@ -76,7 +50,7 @@ def _add_kafka(parser: argparse.ArgumentParser, required: bool = True) -> None:
     parser.add_argument("--topic-prefix", default="", help="prefix for topic and group names")
     parser.add_argument(
         "--partitions",
-        type=_positive_int,
+        type=positive_int,
         default=64,
         help="partitions for topics this command creates (default 64)",
     )
@@ -89,16 +63,16 @@ def _kafka(args: argparse.Namespace) -> KafkaSettings:
 
 
 def _add_sampling(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--temperature", type=_non_negative_float, default=1.0)
-    parser.add_argument("--top-p", type=_positive_float, default=0.95)
-    parser.add_argument("--max-tokens", type=_positive_int, default=8192)
+    parser.add_argument("--temperature", type=non_negative_float, default=1.0)
+    parser.add_argument("--top-p", type=positive_float, default=0.95)
+    parser.add_argument("--max-tokens", type=positive_int, default=8192)
     parser.add_argument("--seed", type=int, default=None)
 
 
 def _add_generate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--concurrency",
-        type=_positive_int,
+        type=positive_int,
         default=32,
         help="requests kept in flight against the server (default 32)",
     )
@@ -112,11 +86,11 @@ def _add_generate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-thinking", action="store_true", help="generate with thinking off")
     parser.add_argument(
         "--max-attempts",
-        type=_positive_int,
+        type=positive_int,
         default=5,
         help="attempts for transient errors before a dead letter (default 5)",
     )
-    parser.add_argument("--request-timeout", type=_positive_float, default=1800.0)
+    parser.add_argument("--request-timeout", type=positive_float, default=1800.0)
     parser.add_argument(
         "--instance-id",
         default=None,
@@ -167,8 +141,8 @@ def _add_tokenize(parser: argparse.ArgumentParser, out_required: bool = True) ->
         default="server",
         help="which ids to store when the server returned its own (default server)",
     )
-    parser.add_argument("--shard-records", type=_positive_int, default=2000)
-    parser.add_argument("--shard-tokens", type=_positive_int, default=8_000_000)
+    parser.add_argument("--shard-records", type=positive_int, default=2000)
+    parser.add_argument("--shard-tokens", type=positive_int, default=8_000_000)
     parser.add_argument(
         "--idle-flush",
         type=float,
@@ -351,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--servers",
-        type=_positive_int,
+        type=positive_int,
         default=2,
         help="how many emulated servers to start when no --server (default 2)",
     )
@@ -362,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="tokenizer directory (default: the bundled tiny Qwen3.6-format one)",
     )
-    run.add_argument("--limit", type=_positive_int, default=None)
+    run.add_argument("--limit", type=positive_int, default=None)
     run.add_argument(
         "--workdir", default=None, help="logs and local services (default runs/<time>)"
     )
@@ -370,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=3600.0, help="give up if not done after this many seconds"
     )
     run.add_argument("--topic-prefix", default="")
-    run.add_argument("--partitions", type=_positive_int, default=64)
+    run.add_argument("--partitions", type=positive_int, default=64)
     run.add_argument(
         "--emulator-tokens-per-s",
         type=float,
@@ -387,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="*",
         help="JSONL/Parquet paths or URLs, hf:NAME[:SPLIT], each optionally PATH:WEIGHT",
     )
-    publish.add_argument("--limit", type=_positive_int, default=None)
+    publish.add_argument("--limit", type=positive_int, default=None)
     publish.add_argument("--no-progress", action="store_true")
     publish.add_argument(
         "--regenerate",

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from streams.arg_types import positive_int
 from streams.records import CompletionRecord
 from streams.samples import Sample, SampleBuilder, SampleError
 
@@ -60,16 +61,6 @@ def is_policy_drop(kind: str) -> bool:
 # -- flags ----------------------------------------------------------------------------------
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-    return value
-
-
 def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     d = SamplePolicy()
     group = parser.add_argument_group("sample policy (dropped samples become dead letters)")
@@ -94,7 +85,7 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--max-seq-len",
-        type=_positive_int,
+        type=positive_int,
         default=d.max_seq_len,
         help="longest sample in tokens, prompt included (default: no limit)",
     )
@@ -106,7 +97,7 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--min-loss-run",
-        type=_positive_int,
+        type=positive_int,
         default=d.min_loss_run,
         help=f"fewest consecutive supervised tokens a sample needs (default {d.min_loss_run})",
     )
