@@ -1,11 +1,5 @@
 """Prompt producers: read prompt sources, normalize them, give each prompt its stable id."""
 
-from producers.normalize import (
-    make_prompt_record,
-    normalize_conversation,
-    prompt_id,
-    validate_prompt_messages,
-)
 from producers.sources import (
     SourceSpec,
     bundled_sample_path,
@@ -13,6 +7,12 @@ from producers.sources import (
     mix_sources,
     parse_source_spec,
     row_error,
+)
+from streams.core.normalize import (
+    make_prompt_record,
+    normalize_conversation,
+    prompt_id,
+    validate_prompt_messages,
 )
 
 __all__ = [

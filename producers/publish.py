@@ -12,13 +12,13 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from tqdm import tqdm
 
-from producers.normalize import make_prompt_record
 from producers.sources import Row, SourceSpec, mix_sources, row_error
-from streams.ledger import REGENERATE, generated_prompt_ids, read_generated
-from streams.records import DeadLetter, RecordError
-from streams.regen import FINAL, mark
-from streams.settings import DEAD_LETTERS, PROMPTS, KafkaSettings
-from streams.topics import ensure_topics
+from streams.core.ledger import REGENERATE, generated_prompt_ids, read_generated
+from streams.core.normalize import make_prompt_record
+from streams.core.records import DeadLetter, RecordError
+from streams.core.settings import DEAD_LETTERS, PROMPTS, KafkaSettings
+from streams.core.topics import ensure_topics
+from streams.core.turns import FINAL, mark
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ async def publish(
     regenerate: bool = False,
 ) -> PublishSummary:
     """Publish every row of `specs`; `regen` "every-turn" asks the generate stage to regenerate
-    each assistant turn of a conversation, not only the final one (streams/regen.py).
+    each assistant turn of a conversation, not only the final one (streams/generate/regen.py).
     Prompts in the `generated` ledger are skipped; `regenerate` publishes them anyway, marked
     so that the generate workers do not skip them either."""
     meta = mark({}, regen)

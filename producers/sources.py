@@ -31,7 +31,7 @@ import orjson
 import pyarrow.parquet as pq
 from fsspec.utils import infer_compression
 
-from streams.records import RecordError
+from streams.core.records import RecordError
 
 Row = dict[str, Any] | bytes
 

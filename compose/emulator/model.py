@@ -8,7 +8,7 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
-from streams.families import FamilyProfile, detect_family
+from streams.core.families import FamilyProfile, detect_family
 
 
 class TemplateError(ValueError):

@@ -32,7 +32,7 @@ from compose.stack import LocalStack
 from compose.tiny_tokenizers import build_qwen36_tokenizer
 from producers.publish import publish
 from producers.sources import parse_source_spec
-from streams.settings import GENERATE_GROUP, PROMPTS, KafkaSettings
+from streams.core.settings import GENERATE_GROUP, PROMPTS, KafkaSettings
 
 PARTITIONS = 16
 

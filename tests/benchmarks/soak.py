@@ -24,10 +24,10 @@ from compose.tiny_tokenizers import build_qwen36_tokenizer
 from producers.publish import publish
 from producers.sources import parse_source_spec
 from sinks.shards import ShardStore
-from streams.dead_letters import read_dead_letters
-from streams.progress import dataset_figures
-from streams.run import RunFailed, wait_until_done
-from streams.settings import KafkaSettings
+from streams.cli.run import RunFailed, wait_until_done
+from streams.core.settings import KafkaSettings
+from streams.ops.dead_letters import read_dead_letters
+from streams.ops.progress import dataset_figures
 
 
 def write_prompts(path: Path, count: int, rng: random.Random) -> Path:

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from compose.render_compose import parse_servers, render
-from streams.cli import build_parser
+from streams.cli.main import build_parser
 
 COMPOSE = Path(__file__).resolve().parents[2] / "compose"
 

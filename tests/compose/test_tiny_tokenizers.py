@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from compose import tiny_tokenizers as tt
-from streams.families import detect_family
+from streams.core.families import detect_family
 
 TOOLS = [
     {

@@ -19,11 +19,11 @@ from compose.tiny_tokenizers import build_qwen36_tokenizer
 from producers.publish import PublishSummary, publish
 from producers.sources import parse_source_spec
 from sinks.shards import ShardStore
-from streams.dead_letters import read_dead_letters
-from streams.progress import dataset_figures
-from streams.records import CompletionRecord, DeadLetter
-from streams.run import RunResult, wait_until_done
-from streams.settings import COMPLETIONS, KafkaSettings
+from streams.cli.run import RunResult, wait_until_done
+from streams.core.records import CompletionRecord, DeadLetter
+from streams.core.settings import COMPLETIONS, KafkaSettings
+from streams.ops.dead_letters import read_dead_letters
+from streams.ops.progress import dataset_figures
 
 WORDS = [
     "refactor",

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from streams.settings import COMPLETIONS, KafkaSettings
+from streams.core.settings import COMPLETIONS, KafkaSettings
 
 
 def requests_served(url: str) -> int:

@@ -15,8 +15,8 @@ from aiokafka import AIOKafkaProducer
 
 from compose.process import free_port
 from compose.stack import draftgen_argv
-from streams.records import PromptRecord
-from streams.settings import COMPLETIONS, PROMPTS, KafkaSettings
+from streams.core.records import PromptRecord
+from streams.core.settings import COMPLETIONS, PROMPTS, KafkaSettings
 
 pytestmark = pytest.mark.integration
 

@@ -21,10 +21,10 @@ import pytest
 from compose.tiny_tokenizers import build_kimi_k26_tokenizer
 from producers.publish import publish
 from producers.sources import parse_source_spec
-from streams.progress import dataset_figures
-from streams.records import CompletionRecord
-from streams.regen import EVERY_TURN, FINAL, STOPPED, parse_turn_id, turn_prompt_id
-from streams.tokenizer_loading import load_tokenizer
+from streams.core.records import CompletionRecord
+from streams.core.turns import EVERY_TURN, FINAL, STOPPED, parse_turn_id, turn_prompt_id
+from streams.ops.progress import dataset_figures
+from streams.tokenize.loading import load_tokenizer
 
 pytestmark = pytest.mark.integration
 

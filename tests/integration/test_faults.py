@@ -20,7 +20,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from compose.process import ManagedProcess
-from streams.settings import COMPLETIONS, GENERATE_GROUP, PROMPTS, KafkaSettings
+from streams.core.settings import COMPLETIONS, GENERATE_GROUP, PROMPTS, KafkaSettings
 
 pytestmark = pytest.mark.integration
 

@@ -11,9 +11,9 @@ import pytest
 
 from producers.publish import publish
 from producers.sources import parse_source_spec
-from streams.ledger import read_generated
-from streams.records import PromptRecord
-from streams.settings import GENERATE_GROUP, GENERATED, PROMPTS
+from streams.core.ledger import read_generated
+from streams.core.records import PromptRecord
+from streams.core.settings import GENERATE_GROUP, GENERATED, PROMPTS
 from tests.integration.scaling_helpers import (
     group_lag,
     key_counts,

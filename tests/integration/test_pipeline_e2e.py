@@ -7,7 +7,7 @@ import datasets
 import pyarrow as pa
 import pytest
 
-from streams.tokenizer_loading import load_tokenizer
+from streams.tokenize.loading import load_tokenizer
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ import pytest
 
 from compose.stack import draftgen_argv
 from compose.tiny_tokenizers import QWEN36_CHAT_TEMPLATE
-from streams.samples import SampleBuilder
-from streams.tokenizer_loading import load_tokenizer
+from streams.tokenize.loading import load_tokenizer
+from streams.tokenize.samples import SampleBuilder
 from tests.integration.scaling_helpers import requests_served, topic_size
 
 pytestmark = pytest.mark.integration

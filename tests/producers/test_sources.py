@@ -17,7 +17,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import producers.sources as sources
-from producers.normalize import normalize_conversation, prompt_id
 from producers.sources import (
     SourceSpec,
     bundled_sample_path,
@@ -26,6 +25,7 @@ from producers.sources import (
     parse_source_spec,
     row_error,
 )
+from streams.core.normalize import normalize_conversation, prompt_id
 
 
 def prompt(text: str) -> dict[str, Any]:

@@ -1,0 +1,5 @@
+"""The `draftgen` command line: the parser (streams/cli/main.py) and one module per command."""
+
+from streams.cli.main import main
+
+__all__ = ["main"]

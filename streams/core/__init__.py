@@ -1,0 +1,1 @@
+"""What every stage shares: records, topics, settings, errors, families, retry, Kafka helpers."""

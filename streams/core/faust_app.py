@@ -1,0 +1,121 @@
+"""The one place a Faust app is configured: at-least-once, raw bytes, topics created by us."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import faust
+
+from streams.core.settings import KafkaSettings
+
+
+class Event(Protocol):
+    """What the worker needs of a consumed message (a faust Event satisfies it)."""
+
+    @property
+    def key(self) -> Any: ...
+    @property
+    def value(self) -> Any: ...
+    @property
+    def message(self) -> Any: ...  # .tp, .offset
+
+    def ack(self) -> bool: ...
+
+
+# (topic name, key, value) -> resolves once Kafka acknowledged the write
+Send = Callable[[str, bytes, bytes], Awaitable[None]]
+
+
+def _credentials(kafka: KafkaSettings) -> faust.types.auth.CredentialsT | None:
+    if kafka.sasl_mechanism:
+        return faust.SASLCredentials(
+            username=kafka.sasl_username,
+            password=kafka.sasl_password.value if kafka.sasl_password else None,
+            mechanism=kafka.sasl_mechanism,
+            ssl_context=kafka.ssl_context(),
+        )
+    context = kafka.ssl_context()
+    return faust.SSLCredentials(context) if context is not None else None
+
+
+def create_app(
+    app_id: str,
+    kafka: KafkaSettings,
+    *,
+    prefetch: int,
+    instance_id: str | None = None,
+    offset_reset: str = "earliest",
+) -> faust.App:
+    """A Faust app whose consumer group is `app_id` (one per stage / dataset version)."""
+    app = faust.App(
+        app_id,
+        broker=[f"kafka://{host}" for host in kafka.bootstrap.split(",")],
+        broker_credentials=_credentials(kafka),
+        key_serializer="raw",
+        value_serializer="raw",
+        autodiscover=False,
+        web_enabled=False,
+        store="memory://",
+        datadir=tempfile.mkdtemp(prefix="draftgen-faust-"),
+        # No leader topic, no auto-created topics: the pipeline's topics are created explicitly.
+        topic_disable_leader=True,
+        topic_allow_declare=False,
+        consumer_auto_offset_reset=offset_reset,
+        consumer_group_instance_id=instance_id,
+        broker_max_poll_interval=kafka.max_poll_interval_s,
+        broker_session_timeout=kafka.session_timeout_s,
+        broker_rebalance_timeout=kafka.rebalance_timeout_s,
+        broker_heartbeat_interval=kafka.heartbeat_interval_s,
+        # A rebalance must not wait for generations that take minutes; a revoked partition's
+        # in-flight work is redone by its new owner and the duplicate removed downstream.
+        stream_wait_empty=False,
+        stream_buffer_maxsize=prefetch,
+        broker_max_poll_records=prefetch,
+        producer_acks=-1,
+        producer_max_request_size=kafka.max_message_bytes,
+        consumer_max_fetch_size=kafka.max_message_bytes,
+        broker_commit_interval=1.0,
+    )
+    return app
+
+
+def raw_topic(app: faust.App, name: str) -> faust.TopicT:
+    return app.topic(name, key_type=bytes, value_type=bytes)
+
+
+def kafka_sender(app: faust.App) -> Callable[[str, bytes, bytes], Awaitable[None]]:
+    """send(topic, key, value) that returns once Kafka acknowledged the write."""
+    topics: dict[str, faust.TopicT] = {}
+
+    async def send(topic: str, key: bytes, value: bytes) -> None:
+        if topic not in topics:
+            topics[topic] = raw_topic(app, topic)
+        delivery = await topics[topic].send(key=key, value=value)
+        await delivery
+
+    return send
+
+
+def _dump_tasks() -> None:
+    for task in asyncio.all_tasks():
+        task.print_stack(limit=12, file=sys.stderr)
+    sys.stderr.flush()
+
+
+def run_worker(app: faust.App, loglevel: str = "WARNING") -> None:
+    """Run the app until SIGTERM/SIGINT (blocks)."""
+    from faust.worker import Worker
+
+    @app.task
+    async def _install_task_dump() -> None:
+        # `kill -USR2 <pid>` prints every asyncio task's stack: where a stalled stage waits.
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _dump_tasks)
+
+    logging.getLogger("faust").setLevel(loglevel)
+    Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False).execute_from_commandline()

@@ -1,0 +1,1 @@
+"""The generate stage: prompts → one SGLang server → completions (one worker per server)."""

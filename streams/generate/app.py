@@ -1,0 +1,125 @@
+"""`draftgen worker generate`: the Faust app around GenerateWorker, bound to one SGLang server."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import faust
+
+from streams.core.faust_app import create_app, kafka_sender, raw_topic
+from streams.core.records import CompletionRecord, PromptRecord
+from streams.core.settings import (
+    COMPLETIONS,
+    DEAD_LETTERS,
+    GENERATE_GROUP,
+    GENERATED,
+    PROMPTS,
+    GenerateSettings,
+    ObserveSettings,
+)
+from streams.generate.client import SGLangClient
+from streams.generate.once import OnceGenerateWorker, OnceSettings
+from streams.generate.steal import Stealer
+from streams.generate.worker import GenerateStats, GenerateWorker
+from streams.ops.metrics import Figures, GenerateMetrics
+from streams.ops.observe import install
+
+
+def generate_figures(stats: GenerateStats, requests: int) -> Figures:
+    return Figures(
+        counters={
+            "requests": requests,
+            "completed": stats.completed,
+            "dead_letters": stats.dead_letters,
+            "retries": stats.retries,
+            "output_tokens": stats.output_tokens,
+            "errors": sum(stats.errors.values()),
+        },
+        gauges={"in_flight": stats.in_flight, "paused": 1.0 if stats.paused else 0.0},
+        errors=dict(stats.errors),
+    )
+
+
+class TimedClient(SGLangClient):
+    """Counts requests and times the successful ones; failures are counted by the worker."""
+
+    def __init__(self, settings: GenerateSettings, metrics: GenerateMetrics):
+        super().__init__(settings)
+        self.metrics = metrics
+
+    async def complete(self, prompt: PromptRecord) -> CompletionRecord:
+        self.metrics.requests += 1
+        started = time.monotonic()
+        completion = await super().complete(prompt)
+        self.metrics.observe(time.monotonic() - started)
+        return completion
+
+
+def observe_generate(
+    app: faust.App, worker: GenerateWorker, metrics: GenerateMetrics, settings: ObserveSettings
+) -> str | None:
+    metrics.attach(lambda: generate_figures(worker.stats, metrics.requests))
+    return install(app, worker.settings.kafka, metrics, settings)
+
+
+def build_generate_app(
+    settings: GenerateSettings,
+    observe: ObserveSettings | None = None,
+    once: OnceSettings | None = None,
+) -> tuple[faust.App, GenerateWorker]:
+    kafka = settings.kafka
+    app = create_app(
+        kafka.group(GENERATE_GROUP),
+        kafka,
+        # Prefetch bounds what a worker holds beyond its in-flight requests, so a slow server
+        # does not sit on a backlog that idle workers could take.
+        prefetch=max(4, settings.concurrency // 4),
+        instance_id=settings.instance_id,
+    )
+    metrics = GenerateMetrics(settings.server)
+    # each prompt once per generation settings (ledger), optionally stealing at the end
+    once = once or OnceSettings()
+    worker = OnceGenerateWorker(
+        settings,
+        TimedClient(settings, metrics),
+        kafka_sender(app),
+        completions_topic=kafka.topic(COMPLETIONS),
+        dead_letters_topic=kafka.topic(DEAD_LETTERS),
+        ledger_topic=kafka.topic(GENERATED),
+        once=once,
+    )
+    observe_generate(app, worker, metrics, observe or ObserveSettings())
+
+    @app.agent(raw_topic(app, kafka.topic(PROMPTS)), name="generate")
+    async def generate(stream: Any) -> None:
+        # Acks are ours (ordered, after delivery): see streams/inflight.py.
+        async for event in stream.noack().events():
+            await worker.submit(event)
+
+    @app.task
+    async def start_worker() -> None:
+        await worker.start()
+
+    if once.steal_after_s > 0 and once.ledger:
+        prompts = kafka.topic(PROMPTS)
+
+        def owned() -> set[int]:
+            return {tp.partition for tp in app.consumer.assignment() if tp.topic == prompts}
+
+        stealer = Stealer(worker, kafka, prompts, kafka.group(GENERATE_GROUP), owned)
+
+        @app.task
+        async def steal() -> None:
+            await worker._ready.wait()
+            await stealer.run()
+
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # faust types are narrower than its runtime
+    async def on_revoked(sender: Any, *args: Any, **_: Any) -> None:
+        worker.forget_partitions(args[0])  # faust sends the revoked set positionally
+
+    @app.on_before_shutdown.connect  # type: ignore[arg-type]
+    async def on_shutdown(sender: Any, *_: Any, **__: Any) -> None:
+        await worker.stop()
+
+    return app, worker

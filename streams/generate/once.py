@@ -1,0 +1,206 @@
+"""A generate worker that generates each prompt once per settings, and may steal work.
+
+- Before generating, it asks the ledger (streams/ledger.py) whether the prompt was generated
+  already with its settings; if so the prompt is acked without a request. A copy of a prompt
+  published while another copy is in flight here waits for it (both copies share a partition,
+  since prompts are keyed by prompt_id) and is then skipped.
+- After the completion is acknowledged by Kafka it writes the ledger record (same send loop,
+  after the completion, so a ledger record never exists without its completion).
+- With `steal_after_s` > 0 an idle worker takes over prompts from the tail of other workers'
+  backlogs (streams/steal.py): see the README, "Servers of unequal speed".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from streams.core.faust_app import Event, Send
+from streams.core.ledger import REGENERATE, LedgerFollower, ledger_key, ledger_value, settings_hash
+from streams.core.settings import GenerateSettings
+from streams.core.turns import FINAL
+from streams.generate.client import SGLangClient
+from streams.generate.worker import GenerateWorker
+
+log = logging.getLogger(__name__)
+
+Output = tuple[str, bytes, bytes]
+
+
+@dataclass(frozen=True)
+class OnceSettings:
+    ledger: bool = True
+    # seconds without own prompts before stealing from others' backlogs; 0: never steal
+    steal_after_s: float = 0.0
+    # never steal the owner's next `steal_margin` prompts (its prefetch and in-flight window)
+    steal_margin: int = 8
+    # prompts taken per steal; 0: the worker's concurrency
+    steal_batch: int = 0
+
+
+def prompt_mode(value: bytes) -> tuple[str, bool]:
+    """(regen mode, regenerate flag) of a prompt record; a bad record gets defaults (the base
+    worker dead-letters it)."""
+    try:
+        meta = orjson.loads(value).get("meta") or {}
+    except (orjson.JSONDecodeError, AttributeError):
+        return FINAL, True
+    if not isinstance(meta, dict):
+        return FINAL, True
+    return str(meta.get("regen") or FINAL), bool(meta.get(REGENERATE))
+
+
+class OnceGenerateWorker(GenerateWorker):
+    def __init__(
+        self,
+        settings: GenerateSettings,
+        client: SGLangClient,
+        send: Send,
+        completions_topic: str,
+        dead_letters_topic: str,
+        ledger_topic: str,
+        once: OnceSettings,
+    ):
+        super().__init__(settings, client, send, completions_topic, dead_letters_topic)
+        self.once = once
+        self.ledger_topic = ledger_topic
+        self.ledger = LedgerFollower(settings.kafka)
+        self.skipped = 0  # prompts acked without a request: already generated
+        self.stolen = 0  # prompts generated from other workers' partitions
+        self.last_busy = time.monotonic()
+        self._running: dict[str, asyncio.Future[None]] = {}
+
+    async def start(self) -> None:
+        if self.once.ledger:
+            await self.ledger.start()
+        await super().start()
+
+    async def stop(self) -> None:
+        await super().stop()
+        await self.ledger.stop()
+
+    async def submit(self, event: Event) -> None:
+        self.last_busy = time.monotonic()
+        await super().submit(event)
+        self.last_busy = time.monotonic()
+
+    def settings_key(self, regen: str) -> str:
+        sampling = self.settings.sampling.as_dict()
+        return settings_hash(self.client.model, sampling, self.settings.thinking, regen)
+
+    def already_generated(self, prompt_id: str, value: bytes) -> bool:
+        regen, regenerate = prompt_mode(value)
+        return not regenerate and self.ledger.contains(prompt_id, self.settings_key(regen))
+
+    async def process_all(self, key: bytes | None, value: bytes) -> list[Output]:
+        if not self.once.ledger or not key:
+            return await super().process_all(key, value)
+        await self._generate_and_record(key, value, keep_dead_letters=True)
+        return []  # already sent, in order, before the ledger learnt of the prompt
+
+    async def _generate_and_record(self, key: bytes, value: bytes, keep_dead_letters: bool) -> bool:
+        """Generate unless the ledger has it; send the outputs, then record it. The ledger (and
+        this process's view of it) learns of a prompt only once its completion is acknowledged
+        by Kafka, so a copy skipped because of it can never be the prompt's last chance."""
+        await self.ledger.caught_up.wait()
+        prompt_id = key.decode("utf-8", "replace")
+        regen, regenerate = prompt_mode(value)
+        settings = self.settings_key(regen)
+        # a copy of this prompt is in flight here: let it finish, then ask the ledger
+        while (running := self._running.get(prompt_id)) is not None:
+            await asyncio.shield(running)
+        if not regenerate and self.ledger.contains(prompt_id, settings):
+            self.skipped += 1
+            return False
+        done = asyncio.get_running_loop().create_future()
+        self._running[prompt_id] = done
+        try:
+            outputs = await super().process_all(key, value)
+            if not keep_dead_letters:
+                outputs = [o for o in outputs if o[0] != self.dead_letters_topic]
+            completed = any(topic == self.completions_topic for topic, _, _ in outputs)
+            if completed:
+                record = ledger_value(prompt_id, settings, self.client.base_url)
+                outputs.append(
+                    (self.ledger_topic, ledger_key(prompt_id, settings).encode(), record)
+                )
+            for topic, out_key, out_value in outputs:
+                await self._send_until_acked(topic, out_key, out_value)
+            if completed:
+                self.ledger.add(prompt_id, settings)
+        finally:
+            del self._running[prompt_id]
+            done.set_result(None)
+        return completed
+
+    async def run_stolen(self, records: list[tuple[bytes, bytes]]) -> int:
+        """Generate prompts taken from another worker's backlog; returns how many completed.
+        Failures are dropped, not dead-lettered: the owner still has the prompt and decides."""
+
+        async def one(key: bytes, value: bytes) -> bool:
+            await self._slots.acquire()
+            self.stats.in_flight += 1
+            try:
+                return await self._generate_and_record(key, value, keep_dead_letters=False)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("a stolen prompt failed; its owner will generate it")
+                return False
+            finally:
+                self.stats.in_flight -= 1
+                self._slots.release()
+
+        await self._server_up.wait()
+        results = await asyncio.gather(*(one(k, v) for k, v in records))
+        done = sum(results)
+        self.stolen += done
+        return done
+
+    def idle_for(self) -> float:
+        if self.stats.in_flight or self._slots.locked():
+            return 0.0
+        return time.monotonic() - self.last_busy
+
+    def stats_extra(self) -> dict[str, Any]:
+        return {"skipped": self.skipped, "stolen": self.stolen}
+
+
+def add_once_arguments(parser: Any) -> None:
+    """Flags of `draftgen worker generate` for the ledger and work stealing."""
+    parser.add_argument(
+        "--no-ledger",
+        action="store_true",
+        help="do not consult or write the `generated` ledger (generate every prompt received)",
+    )
+    parser.add_argument(
+        "--steal-after",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="after S seconds without own prompts, take prompts from the tail of other "
+        "workers' backlogs (0: never, the default)",
+    )
+    parser.add_argument(
+        "--steal-margin",
+        type=int,
+        default=8,
+        help="leave the next N prompts of each partition to its owner (default 8)",
+    )
+    parser.add_argument(
+        "--steal-batch", type=int, default=0, help="prompts per steal (default: --concurrency)"
+    )
+
+
+def once_from_args(args: Any) -> OnceSettings:
+    return OnceSettings(
+        ledger=not args.no_ledger,
+        steal_after_s=args.steal_after,
+        steal_margin=args.steal_margin,
+        steal_batch=args.steal_batch,
+    )

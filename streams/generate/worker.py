@@ -1,0 +1,235 @@
+"""The generate stage: keeps `concurrency` requests in flight against one SGLang server.
+
+A prompt's offset is acked (and so committed) only after its completion, or its dead letter,
+has been acknowledged by Kafka, and only in offset order (see streams/inflight.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from streams.core.faust_app import Event, Send
+from streams.core.normalize import validate_prompt_messages
+from streams.core.records import CompletionRecord, DeadLetter, PromptRecord, RecordError
+from streams.core.settings import GenerateSettings
+from streams.generate import regen
+from streams.generate.client import GenerationError, SGLangClient
+from streams.generate.inflight import InFlightWindow
+
+log = logging.getLogger(__name__)
+
+STAGE = "generate"
+
+
+@dataclass
+class GenerateStats:
+    in_flight: int = 0
+    completed: int = 0
+    dead_letters: int = 0
+    retries: int = 0
+    output_tokens: int = 0
+    paused: bool = False
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+class GenerateWorker:
+    def __init__(
+        self,
+        settings: GenerateSettings,
+        client: SGLangClient,
+        send: Send,
+        completions_topic: str,
+        dead_letters_topic: str,
+    ):
+        self.settings = settings
+        self.client = client
+        self.send = send
+        self.completions_topic = completions_topic
+        self.dead_letters_topic = dead_letters_topic
+        self.stats = GenerateStats()
+        self.window: InFlightWindow[Event] = InFlightWindow()
+        self._slots = asyncio.Semaphore(settings.concurrency)
+        self._server_up = asyncio.Event()
+        self._ready = asyncio.Event()
+        self._prober: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Wait for the server to answer, learn its model, then let the agent take prompts."""
+        delay = self.settings.backoff_initial_s
+        while True:
+            try:
+                await self.client.discover()
+                break
+            except Exception as err:
+                log.warning(
+                    "server %s not answering yet (%s); retrying",
+                    self.client.base_url,
+                    type(err).__name__,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.settings.backoff_max_s)
+        log.info(
+            "generating with model %s (%s family) on %s, %d in flight",
+            self.client.model,
+            self.client.family.name,
+            self.client.base_url,
+            self.settings.concurrency,
+        )
+        self._server_up.set()
+        self._ready.set()
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self._prober:
+            self._prober.cancel()
+        await self.client.close()
+
+    # -- the agent loop ----------------------------------------------------------------------
+
+    async def submit(self, event: Event) -> None:
+        """Take one prompt: waits for a free slot and a healthy server, then starts it."""
+        await self._ready.wait()
+        await self._slots.acquire()
+        await self._server_up.wait()
+        message = event.message
+        self.window.add(message.tp, message.offset, event)
+        self.stats.in_flight += 1
+        task = asyncio.create_task(self._run_one(event))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def forget_partitions(self, partitions: Any) -> None:
+        dropped = self.window.forget(partitions)
+        if dropped:
+            log.info(
+                "partitions revoked with %d prompts in flight; their new owner redoes them", dropped
+            )
+
+    async def _run_one(self, event: Event) -> None:
+        try:
+            for topic, key, value in await self.process_all(event.key, event.value):
+                await self._send_until_acked(topic, key, value)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # a bug, not bad input: dead-letter it so the partition moves on
+            log.exception("unexpected failure on a prompt; sending it to dead letters")
+            prompt_id = bytes(event.key).decode("utf-8", "replace") if event.key else None
+            letter = self._dead_letter(
+                "internal_error", f"{type(err).__name__}: {err}", bytes(event.value), prompt_id
+            )
+            await self._send_until_acked(*letter)
+        self.stats.in_flight -= 1
+        self._slots.release()
+        message = event.message
+        for releasable in self.window.finish(message.tp, message.offset):
+            releasable.ack()
+
+    # -- one prompt --------------------------------------------------------------------------
+
+    async def process_all(self, key: bytes | None, value: bytes) -> list[tuple[str, bytes, bytes]]:
+        """Every output of one prompt: one, or one per turn for `--regen every-turn`."""
+        planned = regen.conversation_to_regenerate(value)
+        if planned is None:
+            return [await self.process(key, value)]
+        outputs = []
+        for outcome in await regen.regenerate_turns(*planned, self._generate):
+            if isinstance(outcome, regen.TurnFailure):
+                payload, pid = outcome.payload.encode(), outcome.prompt_id
+                outputs.append(self._dead_letter(outcome.kind, outcome.message, payload, pid))
+                continue
+            self.stats.completed += 1
+            self.stats.output_tokens += int(outcome.usage.get("completion_tokens") or 0)
+            outputs.append((self.completions_topic, outcome.prompt_id.encode(), outcome.encode()))
+        return outputs
+
+    async def process(self, key: bytes | None, value: bytes) -> tuple[str, bytes, bytes]:
+        """Turn one prompt into (topic, key, value) for a completion or a dead letter."""
+        prompt_id = key.decode("utf-8", "replace") if key else None
+        try:
+            prompt = PromptRecord.decode(value)
+            validate_prompt_messages(prompt.messages)
+        except RecordError as err:
+            return self._dead_letter(err.kind, err.message, value, prompt_id)
+        try:
+            completion = await self._generate(prompt)
+        except GenerationError as err:
+            return self._dead_letter(err.kind, err.message, value, prompt.prompt_id)
+        self.stats.completed += 1
+        self.stats.output_tokens += int(completion.usage.get("completion_tokens") or 0)
+        return self.completions_topic, prompt.prompt_id.encode(), completion.encode()
+
+    async def _generate(self, prompt: PromptRecord) -> CompletionRecord:
+        attempts = 0
+        while True:
+            await self._server_up.wait()
+            try:
+                return await self.client.complete(prompt)
+            except GenerationError as err:
+                self.stats.errors[err.kind] = self.stats.errors.get(err.kind, 0) + 1
+                if not err.transient:
+                    raise
+                if not await self.client.healthy():
+                    # Down, not failing: pause the whole worker, don't spend this prompt's budget.
+                    await self._wait_for_server()
+                    continue
+                attempts += 1
+                if attempts >= self.settings.max_attempts:
+                    raise GenerationError(
+                        "retries_exhausted",
+                        f"{err.kind} after {attempts} attempts: {err.message}",
+                        transient=False,
+                    ) from None
+                self.stats.retries += 1
+                await asyncio.sleep(self._backoff(attempts))
+
+    def _backoff(self, attempt: int) -> float:
+        base = min(
+            self.settings.backoff_initial_s * 2 ** (attempt - 1), self.settings.backoff_max_s
+        )
+        return base * (0.5 + random.random() / 2)  # jitter so a fleet does not retry in lockstep
+
+    async def _wait_for_server(self) -> None:
+        if self._server_up.is_set():
+            self._server_up.clear()
+            self.stats.paused = True
+            log.warning("server %s is down; pausing until it is healthy", self.client.base_url)
+            self._prober = asyncio.create_task(self._probe_until_healthy())
+        await self._server_up.wait()
+
+    async def _probe_until_healthy(self) -> None:
+        while not await self.client.healthy():
+            await asyncio.sleep(self.settings.health_interval_s)
+        log.warning("server %s is healthy again; resuming", self.client.base_url)
+        self.stats.paused = False
+        self._server_up.set()
+
+    def _dead_letter(
+        self, kind: str, message: str, raw: bytes, prompt_id: str | None
+    ) -> tuple[str, bytes, bytes]:
+        self.stats.dead_letters += 1
+        letter = DeadLetter.for_payload(STAGE, kind, message, raw, prompt_id)
+        return self.dead_letters_topic, (prompt_id or "").encode(), letter.encode()
+
+    async def _send_until_acked(self, topic: str, key: bytes, value: bytes) -> None:
+        """Kafka down is an outage to wait out, not a reason to lose the generation."""
+        delay = self.settings.backoff_initial_s
+        while True:
+            try:
+                await self.send(topic, key, value)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                log.warning(
+                    "writing to %s failed (%s); retrying in %.0fs", topic, type(err).__name__, delay
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.settings.backoff_max_s)

@@ -1,0 +1,1 @@
+"""Operations: status, metrics, heartbeats, progress and dead-letter reading."""

@@ -1,0 +1,87 @@
+"""`draftgen dead-letters`: list dead letters by stage and reason; re-publish selected ones.
+
+Re-publishing sends each letter's original payload back to the topic its stage reads from
+(a prompt to `prompts`, a completion to `completions`; a rejected source row is normalized
+again first), so a record dead-lettered before a fix runs through the fixed stage.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections import Counter
+from dataclasses import dataclass
+
+import orjson
+from aiokafka import AIOKafkaProducer
+
+from streams.core.normalize import make_prompt_record
+from streams.core.records import DeadLetter, RecordError
+from streams.core.settings import COMPLETIONS, PROMPTS, KafkaSettings
+from streams.ops.progress import DeadLetterReader
+
+# stage -> the topic whose consumer produced the letter
+_INPUT_TOPIC = {"generate": PROMPTS, "tokenize": COMPLETIONS, "publish": PROMPTS}
+
+
+@dataclass
+class Selection:
+    stage: str | None = None
+    kind: str | None = None  # a glob, e.g. "retries_exhausted*"
+
+    def matches(self, letter: DeadLetter) -> bool:
+        if self.stage and letter.stage != self.stage:
+            return False
+        return not self.kind or fnmatch.fnmatch(letter.kind, self.kind)
+
+
+async def read_dead_letters(kafka: KafkaSettings) -> list[DeadLetter]:
+    reader = DeadLetterReader(kafka, keep_letters=True)
+    try:
+        return (await reader.poll()).letters
+    finally:
+        await reader.close()
+
+
+def summarize(letters: list[DeadLetter]) -> list[str]:
+    counts = Counter((letter.stage, letter.kind) for letter in letters)
+    example: dict[tuple[str, str], str] = {}
+    for letter in letters:
+        example.setdefault((letter.stage, letter.kind), letter.message)
+    lines = [f"{len(letters)} dead letters"]
+    for (stage, kind), count in sorted(counts.items()):
+        lines.append(f"  {stage:9} {kind:28} {count:7}   e.g. {example[(stage, kind)][:80]}")
+    return lines
+
+
+def republishable(letter: DeadLetter) -> tuple[str, bytes, bytes]:
+    """(topic, key, value) to send again; raises RecordError if the payload still fails."""
+    raw = letter.payload.encode()
+    if letter.stage == "publish":
+        try:
+            row = orjson.loads(raw)
+        except orjson.JSONDecodeError as err:
+            raise RecordError("not_json", str(err)) from None
+        record = make_prompt_record(row, source="dead-letters", meta={"republished": True})
+        return PROMPTS, record.prompt_id.encode(), record.encode()
+    if letter.stage not in _INPUT_TOPIC:
+        raise RecordError("unknown_stage", f"no input topic for stage {letter.stage!r}")
+    return _INPUT_TOPIC[letter.stage], (letter.prompt_id or "").encode(), raw
+
+
+async def republish(kafka: KafkaSettings, selection: Selection) -> tuple[int, Counter[str]]:
+    letters = [letter for letter in await read_dead_letters(kafka) if selection.matches(letter)]
+    producer = AIOKafkaProducer(**kafka.aiokafka_kwargs(), acks="all")
+    await producer.start()
+    sent, still_bad = 0, Counter[str]()
+    try:
+        for letter in letters:
+            try:
+                topic, key, value = republishable(letter)
+            except RecordError as err:
+                still_bad[err.kind] += 1
+                continue
+            await producer.send_and_wait(kafka.topic(topic), key=key or None, value=value)
+            sent += 1
+    finally:
+        await producer.stop()
+    return sent, still_bad

@@ -1,0 +1,180 @@
+"""Worker heartbeats: each worker's counters, gauges and recent rates, published every few
+seconds to the compacted `worker-stats` topic, keyed by worker id, so `draftgen status` can
+find every live worker without knowing where it runs.
+
+A graceful shutdown publishes a tombstone for its key; a crashed worker's last heartbeat
+simply grows old, and readers judge liveness from its age and interval.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import orjson
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from streams.core.settings import WORKER_STATS, KafkaSettings
+
+SCHEMA_VERSION = 1
+
+
+def worker_id(role: str, label: str) -> str:
+    """Unique per process, so two workers on one server never overwrite each other."""
+    return f"{role}|{label}|{socket.gethostname()}|{os.getpid()}"
+
+
+@dataclass
+class Heartbeat:
+    role: str  # generate | tokenize
+    label: str  # the server URL (generate) or the dataset name (tokenize)
+    worker: str
+    time: float  # wall clock, seconds
+    interval_s: float
+    started_at: float
+    counters: dict[str, int] = field(default_factory=dict)
+    gauges: dict[str, float] = field(default_factory=dict)
+    # per second over the last `rate_window_s`; counters named as in `counters`
+    rates: dict[str, float] = field(default_factory=dict)
+    rate_window_s: float = 0.0
+    errors: dict[str, int] = field(default_factory=dict)  # by kind
+    metrics_url: str | None = None
+    host: str = ""
+    pid: int = 0
+
+    def encode(self) -> bytes:
+        return orjson.dumps({"v": SCHEMA_VERSION, **self.__dict__})
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Heartbeat:
+        data = orjson.loads(raw)
+        if not isinstance(data, dict) or data.get("v") != SCHEMA_VERSION:
+            raise ValueError("not a v1 heartbeat")
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def age(self, now: float) -> float:
+        return max(0.0, now - self.time)
+
+    def live(self, now: float) -> bool:
+        """Missed fewer than three beats (with slack for a busy event loop)."""
+        return self.age(now) <= 3 * self.interval_s + 5.0
+
+
+class RateWindow:
+    """Per-second rates of cumulative counters over a sliding window of snapshots.
+
+    Fed once per heartbeat, so it costs nothing per record."""
+
+    def __init__(self, window_s: float = 30.0):
+        self.window_s = window_s
+        self._snapshots: deque[tuple[float, dict[str, int]]] = deque()
+
+    def add(self, now: float, counters: dict[str, int]) -> tuple[dict[str, float], float]:
+        """Record a snapshot; return (rates, seconds actually covered)."""
+        self._snapshots.append((now, dict(counters)))
+        # keep one snapshot at or before the window start, so the window is fully covered
+        while len(self._snapshots) > 2 and self._snapshots[1][0] <= now - self.window_s:
+            self._snapshots.popleft()
+        first_t, first = self._snapshots[0]
+        span = now - first_t
+        if span <= 0:
+            return {name: 0.0 for name in counters}, 0.0
+        return {name: (value - first.get(name, 0)) / span for name, value in counters.items()}, span
+
+
+class HeartbeatReader:
+    """Reads the worker-stats topic without a consumer group, incrementally; keeps the latest
+    heartbeat per worker id (a tombstone removes it)."""
+
+    def __init__(self, kafka: KafkaSettings):
+        self.kafka = kafka
+        self.latest: dict[str, Heartbeat] = {}
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def poll(self) -> dict[str, Heartbeat]:
+        if self._consumer is None:
+            self._consumer = AIOKafkaConsumer(
+                **self.kafka.aiokafka_kwargs(), enable_auto_commit=False, group_id=None
+            )
+            await self._consumer.start()
+        consumer = self._consumer
+        if not consumer.assignment():
+            topic = self.kafka.topic(WORKER_STATS)
+            # `consumer.topics()` reads metadata into a copy: partitions_for_topic would stay None
+            await consumer._client.force_metadata_update()
+            partitions = consumer.partitions_for_topic(topic)
+            if not partitions:
+                return self.latest  # no worker has started yet
+            consumer.assign([TopicPartition(topic, p) for p in partitions])
+            await consumer.seek_to_beginning()
+        ends = await consumer.end_offsets(list(consumer.assignment()))
+        for tp, end in ends.items():
+            while await consumer.position(tp) < end:
+                batch = await consumer.getmany(tp, timeout_ms=1000, max_records=5000)
+                for record in batch.get(tp, []):
+                    self._apply(record.key, record.value)
+        return self.latest
+
+    def _apply(self, key: bytes | None, value: bytes | None) -> None:
+        name = (key or b"").decode("utf-8", "replace")
+        if value is None:
+            self.latest.pop(name, None)
+            return
+        with contextlib.suppress(ValueError, TypeError):  # a foreign or future record: skip
+            self.latest[name] = Heartbeat.decode(value)
+
+    async def close(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+            self._consumer = None
+
+
+def new_heartbeat(role: str, label: str, interval_s: float, metrics_url: str | None) -> Heartbeat:
+    now = time.time()
+    return Heartbeat(
+        role=role,
+        label=label,
+        worker=worker_id(role, label),
+        time=now,
+        interval_s=interval_s,
+        started_at=now,
+        metrics_url=metrics_url,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+    )
+
+
+def refresh(
+    beat: Heartbeat,
+    window: RateWindow,
+    counters: dict[str, int],
+    gauges: dict[str, float],
+    errors: dict[str, int],
+) -> Heartbeat:
+    """The next heartbeat of a worker from its current figures."""
+    beat.time = time.time()
+    beat.counters = counters
+    beat.gauges = gauges
+    beat.errors = errors
+    beat.rates, beat.rate_window_s = window.add(time.monotonic(), counters)
+    return beat
+
+
+def heartbeats_of(beats: dict[str, Heartbeat], role: str) -> list[Heartbeat]:
+    return sorted((b for b in beats.values() if b.role == role), key=lambda b: (b.label, b.worker))
+
+
+__all__ = [
+    "Heartbeat",
+    "HeartbeatReader",
+    "RateWindow",
+    "heartbeats_of",
+    "new_heartbeat",
+    "refresh",
+    "worker_id",
+]

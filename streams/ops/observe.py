@@ -1,0 +1,59 @@
+"""Makes a worker observable: `/metrics` for Prometheus and heartbeats for `draftgen status`.
+
+`install` adds both to a Faust app; the worker's figures are read only on a scrape or once per
+heartbeat, never per record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+from typing import Any
+
+import faust
+
+from streams.core.faust_app import kafka_sender, raw_topic
+from streams.core.settings import WORKER_STATS, KafkaSettings, ObserveSettings
+from streams.ops.heartbeat import RateWindow, new_heartbeat, refresh
+from streams.ops.metrics import WorkerMetrics, serve_metrics
+
+log = logging.getLogger(__name__)
+
+
+def install(
+    app: faust.App, kafka: KafkaSettings, metrics: WorkerMetrics, settings: ObserveSettings
+) -> str | None:
+    """Start /metrics (if asked) and schedule heartbeats; returns the metrics URL."""
+    url = None
+    if settings.metrics_port is not None:
+        url = serve_metrics(metrics.registry, settings.metrics_host, settings.metrics_port)
+        print(f"draftgen worker {metrics.role}: metrics at {url}", file=sys.stderr, flush=True)
+    if settings.heartbeat_s <= 0:
+        return url
+
+    beat = new_heartbeat(metrics.role, metrics.label, settings.heartbeat_s, url)
+    window = RateWindow(settings.rate_window_s)
+    send = kafka_sender(app)
+    topic = kafka.topic(WORKER_STATS)
+    key = beat.worker.encode()
+
+    @app.timer(interval=settings.heartbeat_s)
+    async def heartbeat() -> None:
+        figures = metrics.figures()
+        refresh(beat, window, figures.counters, figures.gauges, figures.errors)
+        try:
+            # bounded: a heartbeat is worth less than the worker's time; the next one follows
+            await asyncio.wait_for(send(topic, key, beat.encode()), settings.heartbeat_s * 2)
+        except Exception as err:
+            log.debug("heartbeat not sent: %s", type(err).__name__)
+
+    @app.on_before_shutdown.connect  # type: ignore[arg-type]  # faust types are narrower than its runtime
+    async def remove_heartbeat(sender: Any, *_: Any, **__: Any) -> None:
+        # A tombstone, so `status` forgets a worker that stopped on purpose at once.
+        with contextlib.suppress(Exception):
+            delivery = await raw_topic(app, topic).send(key=key, value=None)
+            await asyncio.wait_for(delivery, 5.0)
+
+    return url

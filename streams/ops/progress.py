@@ -1,0 +1,123 @@
+"""Where a run stands: which prompt ids became committed samples or dead letters."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from sinks.shards import ShardStore
+from streams.core.records import DeadLetter, RecordError, is_policy_drop
+from streams.core.settings import DEAD_LETTERS, KafkaSettings
+
+
+@dataclass
+class DatasetFigures:
+    samples: int = 0
+    tokens: int = 0
+    loss_tokens: int = 0
+    shards: int = 0
+    prompt_ids: set[str] = field(default_factory=set)
+    duplicate_ids: int = 0
+    # drift report: samples whose rendering was compared with the server's ids, and differed
+    compared: int = 0
+    drifted: int = 0
+    truncated: int = 0
+
+
+def dataset_figures(store: ShardStore) -> DatasetFigures:
+    figures = DatasetFigures()
+    for marker in store.markers():
+        figures.samples += marker.rows
+        figures.tokens += marker.tokens
+        figures.loss_tokens += marker.loss_tokens
+        figures.shards += 1 if marker.rows else 0
+        figures.compared += marker.compared
+        figures.drifted += marker.drifted
+        figures.truncated += marker.truncated
+        before = len(figures.prompt_ids)
+        figures.prompt_ids.update(marker.prompt_ids)
+        figures.duplicate_ids += marker.rows - (len(figures.prompt_ids) - before)
+    return figures
+
+
+@dataclass
+class DeadLetterTally:
+    by_reason: Counter[tuple[str, str]] = field(default_factory=Counter)
+    prompt_ids: set[str] = field(default_factory=set)
+    # the subset the sample policy dropped (kind policy_*): deliberate, not failures
+    policy_ids: set[str] = field(default_factory=set)
+    letters: list[DeadLetter] = field(default_factory=list)
+
+
+class DeadLetterReader:
+    """Reads the dead-letters topic from the start, without a consumer group, incrementally."""
+
+    def __init__(self, kafka: KafkaSettings, keep_letters: bool = False):
+        self.kafka = kafka
+        self.keep_letters = keep_letters
+        self.tally = DeadLetterTally()
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def _start(self) -> AIOKafkaConsumer:
+        consumer = AIOKafkaConsumer(
+            **self.kafka.aiokafka_kwargs(),
+            enable_auto_commit=False,
+            group_id=None,
+            auto_offset_reset="earliest",
+        )
+        await consumer.start()
+        return consumer
+
+    async def _assign(self, consumer: AIOKafkaConsumer) -> bool:
+        topic = self.kafka.topic(DEAD_LETTERS)
+        # `consumer.topics()` reads metadata into a copy: partitions_for_topic would stay None
+        await consumer._client.force_metadata_update()
+        partitions = consumer.partitions_for_topic(topic)
+        if not partitions:
+            return False  # not created yet
+        consumer.assign([TopicPartition(topic, p) for p in partitions])
+        await consumer.seek_to_beginning()
+        return True
+
+    async def poll(self) -> DeadLetterTally:
+        """Read whatever is new, up to the current end of the topic."""
+        if self._consumer is None:
+            self._consumer = await self._start()
+        consumer = self._consumer
+        if not consumer.assignment() and not await self._assign(consumer):
+            return self.tally
+        ends = await consumer.end_offsets(list(consumer.assignment()))
+        while await self._behind(consumer, ends):
+            batch = await consumer.getmany(timeout_ms=1000, max_records=5000)
+            for records in batch.values():
+                for record in records:
+                    self._count(record.value)
+        return self.tally
+
+    @staticmethod
+    async def _behind(consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) -> bool:
+        for tp, end in ends.items():
+            if await consumer.position(tp) < end:
+                return True
+        return False
+
+    def _count(self, raw: bytes | None) -> None:
+        try:
+            letter = DeadLetter.decode(raw or b"")
+        except RecordError:
+            self.tally.by_reason[("?", "undecodable_dead_letter")] += 1
+            return
+        self.tally.by_reason[(letter.stage, letter.kind)] += 1
+        if letter.prompt_id:
+            self.tally.prompt_ids.add(letter.prompt_id)
+            if is_policy_drop(letter.kind):
+                self.tally.policy_ids.add(letter.prompt_id)
+        if self.keep_letters:
+            self.tally.letters.append(letter)
+
+    async def close(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+            self._consumer = None

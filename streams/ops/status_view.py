@@ -1,0 +1,428 @@
+"""What `draftgen status` shows, as plain data, and how: the arithmetic (lag, per-server
+aggregates of heartbeats, ETA) and the rendering (aligned text, JSON). No I/O here."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from streams.ops.heartbeat import Heartbeat
+
+# A worker whose last heartbeat is older than this is not shown at all (it is long gone).
+FORGET_AFTER_S = 600.0
+
+
+@dataclass
+class DatasetRow:
+    dataset: str
+    samples: int
+    tokens: int
+    loss_tokens: int
+    shards: int
+    duplicates: int
+
+
+@dataclass
+class GroupLag:
+    group: str
+    topic: str  # without the topic prefix: prompts | completions
+    committed: int  # summed over partitions; a partition with no commit counts from its start
+    end: int
+    lag: int
+
+
+@dataclass
+class ServerRow:
+    """One SGLang server: the sum of its live generate workers' latest heartbeats."""
+
+    server: str
+    workers: int
+    stale: bool  # no live worker, only recent stale heartbeats
+    in_flight: int
+    paused: bool
+    requests_per_s: float
+    completed_per_s: float
+    dead_letters_per_s: float
+    output_tokens_per_s: float
+    error_rate: float | None  # failed / sent over the rate window; None: nothing sent
+    requests: int
+    completed: int
+    dead_letters: int
+    output_tokens: int
+    errors: dict[str, int]
+    last_seen_s: float
+    metrics_urls: list[str]
+
+
+@dataclass
+class TokenizerRow:
+    dataset: str
+    workers: int
+    stale: bool
+    samples_per_s: float
+    tokens_per_s: float
+    samples: int
+    tokens: int
+    duplicates: int
+    dead_letters: int
+    last_seen_s: float
+    metrics_urls: list[str]
+
+
+@dataclass
+class Eta:
+    remaining: int | None  # prompts not yet done by the generate group (its lag)
+    rate_per_s: float | None  # prompts finished per second, recently
+    rate_basis: str  # heartbeats | offsets | none
+    seconds: float | None  # None: unknown (no rate yet)
+
+
+@dataclass
+class StatusSnapshot:
+    time: float
+    bootstrap: str
+    topic_prefix: str
+    published: int  # sum of the prompts topic's end offsets: every record ever written
+    completions: int  # the same for completions
+    out: str | None = None
+    datasets: list[DatasetRow] = field(default_factory=list)
+    dead_letters: dict[tuple[str, str], int] = field(default_factory=dict)
+    groups: list[GroupLag] = field(default_factory=list)
+    servers: list[ServerRow] = field(default_factory=list)
+    tokenizers: list[TokenizerRow] = field(default_factory=list)
+    eta: Eta = field(default_factory=lambda: Eta(None, None, "none", None))
+
+
+# -- arithmetic ----------------------------------------------------------------------------------
+
+
+def group_lag(
+    group: str,
+    topic: str,
+    committed: dict[int, int],
+    beginning: dict[int, int],
+    end: dict[int, int],
+) -> GroupLag:
+    """Lag of one group on one topic. A partition the group never committed (or whose commit
+    fell behind retention) is counted from the partition's first retained offset."""
+    done = 0
+    lag = 0
+    for partition, last in end.items():
+        start = beginning.get(partition, 0)
+        position = committed.get(partition, -1)
+        position = start if position < start else min(position, last)
+        done += position
+        lag += last - position
+    return GroupLag(group, topic, done, sum(end.values()), lag)
+
+
+def _split_by_label(
+    beats: Iterable[Heartbeat], role: str, now: float
+) -> dict[str, tuple[list[Heartbeat], list[Heartbeat]]]:
+    """label -> (live heartbeats, stale-but-recent heartbeats)."""
+    by_label: dict[str, tuple[list[Heartbeat], list[Heartbeat]]] = {}
+    for beat in beats:
+        if beat.role != role or beat.age(now) > FORGET_AFTER_S:
+            continue
+        live, stale = by_label.setdefault(beat.label, ([], []))
+        (live if beat.live(now) else stale).append(beat)
+    return by_label
+
+
+def _sum(beats: Sequence[Heartbeat], section: str, key: str) -> float:
+    return sum(float(getattr(b, section).get(key, 0)) for b in beats)
+
+
+def server_rows(beats: Iterable[Heartbeat], now: float) -> list[ServerRow]:
+    rows = []
+    for server, (live, stale) in sorted(_split_by_label(beats, "generate", now).items()):
+        # Rates and gauges only from live workers; a stale worker's last counters still tell
+        # what it did, so they are shown when it is all there is.
+        shown = live or [max(stale, key=lambda b: b.time)]
+        requests_rate = _sum(live, "rates", "requests")
+        errors: dict[str, int] = {}
+        for beat in shown:
+            for kind, count in beat.errors.items():
+                errors[kind] = errors.get(kind, 0) + int(count)
+        rows.append(
+            ServerRow(
+                server=server,
+                workers=len(live),
+                stale=not live,
+                in_flight=int(_sum(live, "gauges", "in_flight")),
+                paused=any(b.gauges.get("paused") for b in live),
+                requests_per_s=requests_rate,
+                completed_per_s=_sum(live, "rates", "completed"),
+                dead_letters_per_s=_sum(live, "rates", "dead_letters"),
+                output_tokens_per_s=_sum(live, "rates", "output_tokens"),
+                error_rate=(
+                    _sum(live, "rates", "errors") / requests_rate if requests_rate > 0 else None
+                ),
+                requests=int(_sum(shown, "counters", "requests")),
+                completed=int(_sum(shown, "counters", "completed")),
+                dead_letters=int(_sum(shown, "counters", "dead_letters")),
+                output_tokens=int(_sum(shown, "counters", "output_tokens")),
+                errors=errors,
+                last_seen_s=min(b.age(now) for b in shown),
+                metrics_urls=sorted(b.metrics_url for b in shown if b.metrics_url),
+            )
+        )
+    return rows
+
+
+def tokenizer_rows(beats: Iterable[Heartbeat], now: float) -> list[TokenizerRow]:
+    rows = []
+    for dataset, (live, stale) in sorted(_split_by_label(beats, "tokenize", now).items()):
+        shown = live or [max(stale, key=lambda b: b.time)]
+        rows.append(
+            TokenizerRow(
+                dataset=dataset,
+                workers=len(live),
+                stale=not live,
+                samples_per_s=_sum(live, "rates", "samples"),
+                tokens_per_s=_sum(live, "rates", "tokens"),
+                samples=int(_sum(shown, "counters", "samples")),
+                tokens=int(_sum(shown, "counters", "tokens")),
+                duplicates=int(_sum(shown, "counters", "duplicates")),
+                dead_letters=int(_sum(shown, "counters", "dead_letters")),
+                last_seen_s=min(b.age(now) for b in shown),
+                metrics_urls=sorted(b.metrics_url for b in shown if b.metrics_url),
+            )
+        )
+    return rows
+
+
+def finish_rate(servers: Sequence[ServerRow]) -> float | None:
+    """Prompts finished per second (completed or dead-lettered) by live generate workers."""
+    live = [s for s in servers if not s.stale]
+    if not live:
+        return None
+    return sum(s.completed_per_s + s.dead_letters_per_s for s in live)
+
+
+def estimate(
+    remaining: int | None, heartbeat_rate: float | None, offsets_rate: float | None = None
+) -> Eta:
+    """remaining / recent rate. Heartbeats give the rate at once; without live heartbeats,
+    `--watch` can still derive one from how fast the completions topic grew between refreshes."""
+    if heartbeat_rate is not None:
+        rate, basis = heartbeat_rate, "heartbeats"
+    elif offsets_rate is not None:
+        rate, basis = offsets_rate, "offsets"
+    else:
+        rate, basis = None, "none"
+    if remaining is None:
+        seconds = None
+    elif remaining <= 0:
+        seconds = 0.0
+    elif rate is None or rate <= 0:
+        seconds = None
+    else:
+        seconds = remaining / rate
+    return Eta(remaining, rate, basis, seconds)
+
+
+# -- text ----------------------------------------------------------------------------------------
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    if seconds <= 0:
+        return "done"
+    total = round(seconds)
+    if total < 60:
+        return f"{max(total, 1)}s"
+    minutes, secs = divmod(total, 60)
+    if minutes < 60:
+        return f"{minutes}m {secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h {minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours:02d}h"
+
+
+def count(value: int) -> str:
+    return f"{value:,}"
+
+
+def rate(value: float) -> str:
+    if value >= 100:
+        return f"{value:,.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+    """Aligned columns: numbers right-aligned; the first column and the `_LEFT` ones (words)
+    left-aligned."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        for index, cell in enumerate(row):
+            widths[index] = max(widths[index], len(cell))
+    left = [index == 0 or headers[index] in _LEFT for index in range(len(headers))]
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [
+            cell.ljust(widths[i]) if left[i] else cell.rjust(widths[i])
+            for i, cell in enumerate(cells)
+        ]
+        return (indent + "  ".join(parts)).rstrip()
+
+    return [line(headers), *(line(row) for row in rows)]
+
+
+_LEFT = {"topic", "reason", "paused", "metrics"}
+
+
+def render_text(snapshot: StatusSnapshot) -> str:
+    s = snapshot
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.time))
+    prefix = f" · prefix {s.topic_prefix}" if s.topic_prefix else ""
+    lines = [f"draftgen status · {stamp} · kafka {s.bootstrap}{prefix}", ""]
+    eta = s.eta
+    summary = [
+        ("prompts published", count(s.published), "records written to the prompts topic"),
+        ("completions", count(s.completions), "records written to the completions topic"),
+    ]
+    if eta.remaining is not None:
+        summary.append(("remaining", count(eta.remaining), "prompts not yet done (generate lag)"))
+    eta_note = f"at {rate(eta.rate_per_s)} prompts/s" if eta.rate_per_s is not None else ""
+    if eta.rate_per_s is not None and eta.rate_basis == "offsets":
+        eta_note += " (from completions offsets)"
+    summary.append(("ETA", duration(eta.seconds), eta_note))
+    width = max(len(name) for name, _, _ in summary)
+    value_width = max(len(value) for _, value, _ in summary)
+    for name, value, note in summary:
+        lines.append(f"{name.ljust(width)}  {value.rjust(value_width)}  {note}".rstrip())
+
+    if s.out is not None:
+        lines += ["", f"datasets in {s.out}"]
+        if s.datasets:
+            lines += table(
+                ["dataset", "samples", "tokens", "loss tokens", "shards", "duplicates"],
+                [
+                    [
+                        d.dataset,
+                        count(d.samples),
+                        count(d.tokens),
+                        count(d.loss_tokens),
+                        count(d.shards),
+                        count(d.duplicates),
+                    ]
+                    for d in s.datasets
+                ],
+            )
+        else:
+            lines.append("  none found")
+
+    total = sum(s.dead_letters.values())
+    lines += ["", f"dead letters  {count(total)}"]
+    if s.dead_letters:
+        lines += table(
+            ["stage", "reason", "count"],
+            [[stage, kind, count(n)] for (stage, kind), n in sorted(s.dead_letters.items())],
+        )
+
+    lines += ["", "consumer lag"]
+    if s.groups:
+        lines += table(
+            ["group", "topic", "committed", "end", "lag"],
+            [[g.group, g.topic, count(g.committed), count(g.end), count(g.lag)] for g in s.groups],
+        )
+    else:
+        lines.append("  no consumer groups yet")
+
+    lines += ["", "servers"]
+    if s.servers:
+        lines += table(
+            [
+                "server",
+                "workers",
+                "in flight",
+                "req/s",
+                "out tok/s",
+                "err rate",
+                "completed",
+                "paused",
+                "last seen",
+            ],
+            [
+                [
+                    r.server,
+                    str(r.workers) if not r.stale else "stale",
+                    count(r.in_flight),
+                    rate(r.requests_per_s),
+                    rate(r.output_tokens_per_s),
+                    percent(r.error_rate),
+                    count(r.completed),
+                    "yes" if r.paused else "no",
+                    f"{r.last_seen_s:.0f}s ago",
+                ]
+                for r in s.servers
+            ],
+        )
+    else:
+        lines.append("  no generate worker heartbeats")
+
+    if s.tokenizers:
+        lines += ["", "tokenize workers"]
+        lines += table(
+            ["dataset", "workers", "samples/s", "tokens/s", "samples", "dead letters", "last seen"],
+            [
+                [
+                    t.dataset,
+                    str(t.workers) if not t.stale else "stale",
+                    rate(t.samples_per_s),
+                    rate(t.tokens_per_s),
+                    count(t.samples),
+                    count(t.dead_letters),
+                    f"{t.last_seen_s:.0f}s ago",
+                ]
+                for t in s.tokenizers
+            ],
+        )
+    return "\n".join(lines)
+
+
+# -- JSON ----------------------------------------------------------------------------------------
+
+
+def to_json(snapshot: StatusSnapshot) -> dict[str, Any]:
+    s = snapshot
+    by_stage: dict[str, dict[str, int]] = {}
+    for (stage, kind), n in sorted(s.dead_letters.items()):
+        by_stage.setdefault(stage, {})[kind] = n
+    return {
+        "time": s.time,
+        "bootstrap": s.bootstrap,
+        "topic_prefix": s.topic_prefix,
+        "prompts": {
+            "published": s.published,
+            "basis": "sum of the prompts topic's end offsets (every record written)",
+        },
+        "completions": s.completions,
+        "out": s.out,
+        "datasets": {d.dataset: _without(asdict(d), "dataset") for d in s.datasets},
+        "dead_letters": {"total": sum(s.dead_letters.values()), "by_stage": by_stage},
+        "groups": {
+            g.group: {"topic": g.topic, "committed": g.committed, "end": g.end, "lag": g.lag}
+            for g in s.groups
+        },
+        "servers": {r.server: _without(asdict(r), "server") for r in s.servers},
+        "tokenizers": {t.dataset: _without(asdict(t), "dataset") for t in s.tokenizers},
+        "eta": asdict(s.eta),
+    }
+
+
+def _without(data: dict[str, Any], key: str) -> dict[str, Any]:
+    data.pop(key, None)
+    return data

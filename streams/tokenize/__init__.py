@@ -1,0 +1,1 @@
+"""The tokenize stage: completions → samples with loss masks → the shard sink (sinks/)."""

@@ -1,0 +1,104 @@
+"""`draftgen worker tokenize` / `draftgen replay`: the Faust app around TokenizeWorker."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any
+
+import faust
+
+from sinks.shards import ShardStore
+from streams.core.faust_app import create_app, kafka_sender, raw_topic
+from streams.core.settings import COMPLETIONS, DEAD_LETTERS, ObserveSettings, TokenizeSettings
+from streams.ops.metrics import Figures, TokenizeMetrics
+from streams.ops.observe import install
+from streams.tokenize.loading import LoadedTokenizer
+from streams.tokenize.policies import PolicySampleBuilder
+from streams.tokenize.stage import TokenizeStats, TokenizeWorker
+
+
+def tokenize_figures(stats: TokenizeStats) -> Figures:
+    return Figures(
+        counters={
+            "samples": stats.samples,
+            "tokens": stats.tokens,
+            "loss_tokens": stats.loss_tokens,
+            "shards": stats.shards,
+            "duplicates": stats.duplicates,
+            "dead_letters": stats.dead_letters,
+            "drift_compared": stats.compared,
+            "drifted": stats.drifted,
+            "errors": sum(stats.rejected.values()),
+        },
+        errors=dict(stats.rejected),
+    )
+
+
+def observe_tokenize(
+    app: faust.App, worker: TokenizeWorker, metrics: TokenizeMetrics, settings: ObserveSettings
+) -> str | None:
+    metrics.attach(lambda: tokenize_figures(worker.stats))
+    return install(app, worker.settings.kafka, metrics, settings)
+
+
+def manifest(settings: TokenizeSettings, loaded: LoadedTokenizer) -> dict[str, Any]:
+    return {
+        "dataset": settings.dataset,
+        "tokenizer_dir": str(loaded.directory),
+        "chat_template_sha256": loaded.template_sha256,
+        "chat_template_file": settings.chat_template_file,
+        "family": loaded.profile.name,
+        "token_source": settings.token_source,
+        "consumer_group": settings.consumer_group,
+        "shard_max_records": settings.shard_max_records,
+        "shard_max_tokens": settings.shard_max_tokens,
+        "measure_drift": settings.measure_drift,
+        "policy": asdict(settings.policy),
+        "created_at": time.time(),
+    }
+
+
+def build_tokenize_app(
+    settings: TokenizeSettings,
+    loaded: LoadedTokenizer,
+    store: ShardStore,
+    observe: ObserveSettings | None = None,
+) -> tuple[faust.App, TokenizeWorker]:
+    kafka = settings.kafka
+    app = create_app(
+        settings.consumer_group,
+        kafka,
+        prefetch=min(settings.shard_max_records, 1024),
+        offset_reset="earliest" if settings.from_beginning else "latest",
+    )
+    worker = TokenizeWorker(
+        settings,
+        PolicySampleBuilder(
+            loaded.tokenizer,
+            loaded.profile,
+            prefer=settings.token_source,
+            measure_drift=settings.measure_drift,
+            policy=settings.policy,
+        ),
+        store,
+        kafka_sender(app),
+        dead_letters_topic=kafka.topic(DEAD_LETTERS),
+    )
+    observe_tokenize(app, worker, TokenizeMetrics(settings.dataset), observe or ObserveSettings())
+
+    @app.agent(raw_topic(app, kafka.topic(COMPLETIONS)), name="tokenize")
+    async def tokenize(stream: Any) -> None:
+        # Acks are ours: a window's events are acked after its shard and marker are written.
+        async for event in stream.noack().events():
+            await worker.add(event)
+
+    @app.timer(interval=1.0)
+    async def flush_idle() -> None:
+        await worker.flush_idle()
+
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # faust types are narrower than its runtime
+    async def on_revoked(sender: Any, *args: Any, **_: Any) -> None:
+        worker.forget_partitions(args[0])  # faust sends the revoked set positionally
+
+    return app, worker

@@ -1,0 +1,136 @@
+"""What the tokenize stage keeps: the sample policy, its flags, and the builder that applies it.
+
+Each rule is a flag with a default. A dropped completion becomes a dead letter of stage
+``tokenize`` and kind ``policy_<rule>`` (so every prompt still ends as a sample or a dead
+letter, and `draftgen run` counts the drops by rule):
+
+- ``length``: ``finish_reason=length``, a truncated output (default drop; or keep).
+- ``unclosed_think``: the output never closed ``</think>``, so the whole answer landed in
+  ``reasoning_content`` (default drop). Checked on finished outputs only.
+- ``empty_answer``: no content and no tool calls (default drop). Finished outputs only: a
+  truncated output is judged by ``length`` alone.
+- ``max_seq_len``: more tokens than ``--max-seq-len`` (default no limit; drop or truncate).
+- ``min_loss_run``: fewer consecutive supervised tokens than ``--min-loss-run`` (default 2:
+  DFlash trains on blocks and needs at least two).
+
+The first three are decided from the completion, before any encoding; the last two from the
+built sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from streams.core.records import POLICY_PREFIX, CompletionRecord
+from streams.core.settings import SamplePolicy
+from streams.tokenize.samples import Sample, SampleBuilder, SampleError
+
+RULES = ("length", "unclosed_think", "empty_answer", "max_seq_len", "min_loss_run")
+
+
+class PolicyDrop(SampleError):
+    """A completion the policy drops: a SampleError, so it is dead-lettered like one."""
+
+    def __init__(self, rule: str, message: str):
+        super().__init__(POLICY_PREFIX + rule, message)
+        self.rule = rule
+
+
+# -- applying it ------------------------------------------------------------------------------
+
+
+class PolicySampleBuilder(SampleBuilder):
+    """A SampleBuilder that applies a SamplePolicy: drops come back as `PolicyDrop` results."""
+
+    def __init__(
+        self, tokenizer: Any, *args: Any, policy: SamplePolicy | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(tokenizer, *args, **kwargs)
+        self.policy = policy or SamplePolicy()
+        self._think_close_id = _token_id(tokenizer, self.profile.think_close)
+
+    def build_many(self, completions: Sequence[CompletionRecord]) -> list[Sample | SampleError]:
+        # Completions the policy drops are never rendered nor encoded.
+        verdicts = [self.check_completion(c) for c in completions]
+        kept = [c for c, verdict in zip(completions, verdicts, strict=True) if verdict is None]
+        built = iter(super().build_many(kept))
+        results: list[Sample | SampleError] = []
+        for verdict in verdicts:
+            if verdict is not None:
+                results.append(verdict)
+                continue
+            result = next(built)
+            results.append(result if isinstance(result, SampleError) else self.check(result))
+        return results
+
+    def check_completion(self, completion: CompletionRecord) -> PolicyDrop | None:
+        policy = self.policy
+        if completion.finish_reason == "length":
+            if policy.length == "drop":
+                return PolicyDrop("length", "finish_reason=length: the output was cut short")
+            return None
+        if completion.tool_calls or (completion.content or "").strip():
+            return None
+        if self._unclosed(completion):
+            if policy.unclosed_think == "drop":
+                return PolicyDrop(
+                    "unclosed_think", "no </think>: the whole output landed in the reasoning"
+                )
+            return None
+        if policy.empty_answer == "drop":
+            return PolicyDrop("empty_answer", "no content and no tool calls")
+        return None
+
+    def _unclosed(self, completion: CompletionRecord) -> bool:
+        """An answer-less output with reasoning: unclosed, unless the server's ids show the
+        think close (then the model closed it and wrote nothing: an empty answer)."""
+        if not (completion.reasoning_content or "").strip():
+            return False
+        output = completion.output_token_ids
+        if output is None or self._think_close_id is None:
+            return True
+        return self._think_close_id not in output
+
+    def check(self, sample: Sample) -> Sample | PolicyDrop:
+        policy = self.policy
+        limit = policy.max_seq_len
+        if limit is not None and sample.num_tokens > limit:
+            if policy.over_max_seq_len == "drop":
+                return PolicyDrop(
+                    "max_seq_len", f"{sample.num_tokens} tokens > --max-seq-len {limit}"
+                )
+            sample = replace(
+                sample,
+                input_ids=sample.input_ids[:limit],
+                loss_mask=sample.loss_mask[:limit],
+                truncated=True,
+            )
+        run = longest_run(sample.loss_mask)
+        if run < policy.min_loss_run:
+            return PolicyDrop(
+                "min_loss_run",
+                f"{run} consecutive supervised tokens (< {policy.min_loss_run})"
+                + (" after truncation" if sample.truncated else ""),
+            )
+        return sample
+
+
+def longest_run(mask: Sequence[int]) -> int:
+    """Longest run of ones in a 0/1 mask; bytes.split runs in C, not a loop per token."""
+    if not mask:
+        return 0
+    return max(len(run) for run in bytes(mask).split(b"\x00"))
+
+
+def _token_id(tokenizer: Any, token: str) -> int | None:
+    """The id of a single token, or None when the vocabulary has no such token."""
+    if not token:
+        return None
+    try:
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        back = tokenizer.convert_ids_to_tokens(token_id) if token_id is not None else None
+    except Exception:  # a tokenizer without the conversion: fall back to the text rule
+        return None
+    return token_id if isinstance(token_id, int) and back == token else None

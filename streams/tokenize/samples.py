@@ -1,0 +1,489 @@
+"""Completion records → training samples (token ids + loss mask), with drift measurement.
+
+Two token sources (see DESIGN.md, "Tokens and loss masks"):
+
+- ``server``: the ids the target produced, ``prompt_token_ids + output_token_ids``; the loss
+  mask is 0 over the prompt (including a prefilled ``<think>``) and 1 over the output.
+- ``rendered``: the prompt rendered by the target's chat template with the generation prompt
+  and thinking on, followed by the generated turn rendered in the family's own format. The
+  turn is appended rather than rendered by the template because templates blank or trim
+  history reasoning; appending keeps the final reasoning exactly. The mask is 1 exactly over
+  the turn, end-of-turn token included.
+
+The rendered sample is the encoding of ``prompt + turn``; the prompt's own encoding must be
+its prefix (else ``prefix_mismatch``), so the mask boundary never cuts a token. Qwen with an
+empty reasoning is such a case: the prefilled ``<think>\n`` and the turn's ``\n</think>``
+encode as one ``\n\n`` token.
+
+When a completion has the server's ids, the rendered ids are also computed (if
+``measure_drift``) and compared, so that template or tokenizer drift is visible. Error kinds:
+template_error, prefix_mismatch, bad_tool_arguments, bad_tool_call, bad_message,
+bad_token_ids, token_out_of_range, too_few_loss_tokens, encode_error.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+import tiktoken
+
+from streams.core.families import FamilyProfile
+from streams.core.records import CompletionRecord, Message
+
+TokenSource = Literal["server", "rendered"]
+TOKEN_SOURCES: tuple[TokenSource, ...] = ("server", "rendered")
+# The split point is searched for in the prompt's last characters only (generation prompts
+# are short); a prompt without an added token there is encoded whole.
+_TAIL_WINDOW = 512
+
+
+@dataclass
+class Sample:
+    input_ids: list[int]
+    loss_mask: list[int]
+    token_source: TokenSource
+    # rendered ids differ from the server's (None: not measured)
+    drift: bool | None = None
+    # first position where they differ (None: no drift or not measured)
+    drift_position: int | None = None
+    # cut to the policy's --max-seq-len (streams/policies.py)
+    truncated: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+class SampleError(Exception):
+    """A completion that cannot become a sample; `kind` names the failure for dead letters."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+        self.message = message
+
+
+@dataclass
+class RenderedText:
+    """A completion rendered as text: the prompt (ending with the generation prompt) and the
+    generated turn (exactly the supervised text)."""
+
+    prompt: str
+    turn: str
+    # Where the prompt can be cut: just after its last added token. Tokenizers split the text
+    # at added tokens before anything else, so the ids of `prompt + turn` are the ids of
+    # `prompt[:split]` followed by those of `prompt[split:] + turn`: the prefix check then
+    # needs only the (short) tail, and nothing is encoded twice.
+    split: int
+
+
+class SampleBuilder:
+    """Builds samples for one tokenizer and model family; stateless between calls."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        profile: FamilyProfile,
+        prefer: str = "server",
+        *,
+        measure_drift: bool = True,
+        template_kwargs: Mapping[str, Any] | None = None,
+        min_loss_tokens: int = 1,
+    ) -> None:
+        if prefer not in TOKEN_SOURCES:
+            raise ValueError(f"prefer must be one of {TOKEN_SOURCES}, not {prefer!r}")
+        self.tokenizer = tokenizer
+        self.profile = profile
+        self.prefer = cast(TokenSource, prefer)
+        self.measure_drift = measure_drift
+        self.min_loss_tokens = min_loss_tokens
+        # Every kwarg explicit: Kimi's remote code defaults add_generation_prompt=True.
+        self._template_kwargs: dict[str, Any] = {
+            **profile.template_kwargs(thinking=True),
+            **(template_kwargs or {}),
+        }
+        self._vocab_size = len(tokenizer)
+        self._boundary = _boundary_pattern(tokenizer)
+
+    # -- public ---------------------------------------------------------------------------
+
+    def build(self, completion: CompletionRecord) -> Sample:
+        result = self.build_many([completion])[0]
+        if isinstance(result, SampleError):
+            raise result
+        return result
+
+    def build_many(self, completions: Sequence[CompletionRecord]) -> list[Sample | SampleError]:
+        """One result per completion, in order; all texts of the batch are encoded together."""
+        results: list[Sample | SampleError | None] = [None] * len(completions)
+        rendered: dict[int, RenderedText | SampleError] = {}
+        for i, completion in enumerate(completions):
+            server = _server_ids(completion)
+            if isinstance(server, SampleError):
+                results[i] = server
+                continue
+            if server is None or self.prefer == "rendered" or self.measure_drift:
+                try:
+                    rendered[i] = self.render(completion)
+                except SampleError as err:
+                    rendered[i] = err
+
+        encoded = self._encode(rendered)
+        for i, completion in enumerate(completions):
+            if results[i] is None:
+                results[i] = self._assemble(completion, encoded.get(i))
+        return cast(list[Sample | SampleError], results)
+
+    def render(self, completion: CompletionRecord) -> RenderedText:
+        """The prompt text (ending with the generation prompt) and the generated turn's text."""
+        messages = [self._prepare(m) for m in completion.messages]
+        generated = self._prepare(completion.generated_message())
+        tools = template_tools(completion.tools)
+        prompt = self._apply_template(messages, tools, add_generation_prompt=True)
+        if self.profile.name == "kimi_k2":
+            turn = _kimi_turn(generated, self.profile, completion, _count_calls(messages))
+        elif self.profile.name == "qwen3":
+            turn = _qwen_turn(generated, self.profile, completion)
+        else:
+            turn = self._template_turn(messages, generated, tools, prompt)
+        return RenderedText(prompt, turn, self._split_point(prompt))
+
+    # -- rendering ------------------------------------------------------------------------
+
+    def _prepare(self, message: Message) -> Message:
+        """Qwen's template iterates tool-call arguments as a mapping: decode the JSON string."""
+        calls = message.get("tool_calls")
+        if self.profile.name != "qwen3" or not calls:
+            return message
+        return {**message, "tool_calls": [_decoded_arguments(call) for call in calls]}
+
+    def _apply_template(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]] | None,
+        *,
+        add_generation_prompt: bool,
+    ) -> str:
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages,
+                tools=tools or None,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                **self._template_kwargs,
+            )
+        except Exception as err:  # jinja errors, raise_exception(), bad message shapes
+            raise SampleError("template_error", f"{type(err).__name__}: {err}") from None
+        if not isinstance(text, str):
+            raise SampleError("template_error", f"template returned {type(text).__name__}")
+        return text
+
+    def _template_turn(
+        self,
+        messages: list[Message],
+        generated: Message,
+        tools: list[dict[str, Any]] | None,
+        prompt: str,
+    ) -> str:
+        """Unknown family: the template's rendering of the finished conversation past the
+        prompt (the generation prompt must reappear verbatim, else the turn is unknowable)."""
+        bare = self._apply_template(messages, tools, add_generation_prompt=False)
+        full = self._apply_template([*messages, generated], tools, add_generation_prompt=False)
+        if not (prompt.startswith(bare) and full.startswith(prompt)):
+            raise SampleError(
+                "prefix_mismatch", "the rendered conversation does not extend the prompt"
+            )
+        return full[len(prompt) :]
+
+    # -- tokens ---------------------------------------------------------------------------
+
+    def _split_point(self, prompt: str) -> int:
+        """End of the last added token in the prompt's tail (0: none, encode it all)."""
+        if self._boundary is None:
+            return 0
+        offset = max(0, len(prompt) - _TAIL_WINDOW)
+        end = 0
+        for match in self._boundary.finditer(prompt, offset):
+            end = match.end()
+        return end
+
+    def _encode(
+        self, rendered: dict[int, RenderedText | SampleError]
+    ) -> dict[int, tuple[list[int], int] | SampleError]:
+        """(ids, prompt length) per rendered completion, from one batch encode.
+
+        The sample is the encoding of `prompt + turn`, and the prompt's own encoding must be
+        its prefix, or the mask boundary would cut a token: `prefix_mismatch`."""
+        pieces = {
+            i: [item.prompt[: item.split], item.prompt[item.split :], item.prompt[item.split :]]
+            for i, item in rendered.items()
+            if isinstance(item, RenderedText)
+        }
+        for i, texts in pieces.items():
+            texts[2] += cast(RenderedText, rendered[i]).turn
+        try:
+            batch: list[list[int]] | None = self._encode_texts(
+                [text for texts in pieces.values() for text in texts]
+            )
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException:  # incl. tiktoken's PanicException: retry one by one below
+            batch = None
+        out: dict[int, tuple[list[int], int] | SampleError] = {}
+        position = 0
+        for i, item in rendered.items():
+            if isinstance(item, SampleError):
+                out[i] = item
+                continue
+            if batch is not None:
+                head_ids, tail_ids, rest_ids = batch[position : position + 3]
+                position += 3
+            else:
+                try:
+                    head_ids, tail_ids, rest_ids = self._encode_texts(pieces[i])
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                except BaseException as err:
+                    out[i] = SampleError("encode_error", f"{type(err).__name__}: {err}")
+                    continue
+            if rest_ids[: len(tail_ids)] != tail_ids:
+                at = len(head_ids) + _first_difference(tail_ids, rest_ids)
+                out[i] = SampleError(
+                    "prefix_mismatch",
+                    f"the prompt's tokens are not a prefix of the sample's (position {at})",
+                )
+                continue
+            out[i] = (head_ids + rest_ids, len(head_ids) + len(tail_ids))
+        return out
+
+    def _encode_texts(self, texts: list[str]) -> list[list[int]]:
+        if not texts:
+            return []
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            # The Rust batch encoder, parallel across texts; the `_fast` variant skips offsets.
+            encode_batch = getattr(backend, "encode_batch_fast", None) or backend.encode_batch
+            return [e.ids for e in encode_batch(texts, add_special_tokens=False)]
+        model = getattr(self.tokenizer, "model", None)
+        if isinstance(model, tiktoken.Encoding):
+            # Kimi-style remote code: what its `encode(text)` does (and so the server), batched
+            # on tiktoken's threads instead of the slow tokenizer's Python path.
+            return model.encode_batch(texts, allowed_special="all")
+        return [self.tokenizer.encode(text, add_special_tokens=False) for text in texts]
+
+    def _assemble(
+        self,
+        completion: CompletionRecord,
+        rendered: tuple[list[int], int] | SampleError | None,
+    ) -> Sample | SampleError:
+        server = _server_ids(completion)
+        assert not isinstance(server, SampleError)  # checked in build_many
+        if server is None or self.prefer == "rendered":
+            if rendered is None or isinstance(rendered, SampleError):
+                return rendered or SampleError("internal", "completion was not rendered")
+            ids, prompt_len = rendered
+            sample = Sample(ids, _mask(prompt_len, len(ids) - prompt_len), "rendered")
+        else:
+            prompt_ids, output_ids = server
+            ids = prompt_ids + output_ids
+            sample = Sample(ids, _mask(len(prompt_ids), len(output_ids)), "server")
+        if server is not None and isinstance(rendered, tuple):
+            server_all = server[0] + server[1]
+            sample.drift = rendered[0] != server_all
+            if sample.drift:
+                sample.drift_position = _first_difference(rendered[0], server_all)
+        return self._checked(sample)
+
+    def _checked(self, sample: Sample) -> Sample | SampleError:
+        if sample.input_ids and max(sample.input_ids) >= self._vocab_size:
+            return SampleError(
+                "token_out_of_range",
+                f"token id {max(sample.input_ids)} >= vocabulary size {self._vocab_size}",
+            )
+        loss = sum(sample.loss_mask)
+        if loss < self.min_loss_tokens:
+            return SampleError(
+                "too_few_loss_tokens", f"{loss} supervised tokens (< {self.min_loss_tokens})"
+            )
+        return sample
+
+
+# -- family formats of the generated turn --------------------------------------------------
+
+
+def _turn_parts(generated: Message, completion: CompletionRecord) -> tuple[str | None, str, bool]:
+    """(reasoning, content, finished): `finished` is False for a length-truncated output,
+    which has no end-of-turn token (and no think close if it stopped inside the reasoning)."""
+    reasoning = generated.get("reasoning_content")
+    content = generated.get("content") or ""
+    if not isinstance(content, str):
+        raise SampleError("bad_message", "generated content is not a string")
+    if reasoning is not None and not isinstance(reasoning, str):
+        raise SampleError("bad_message", "reasoning_content is not a string")
+    return reasoning, content, completion.finish_reason != "length"
+
+
+def _in_reasoning(content: str, generated: Message, finished: bool) -> bool:
+    """Truncated before the think block closed: nothing after the reasoning was written."""
+    return not finished and not content and not generated.get("tool_calls")
+
+
+def _kimi_turn(
+    generated: Message, profile: FamilyProfile, completion: CompletionRecord, calls_before: int
+) -> str:
+    """`{reasoning}</think>{content}<|tool_calls_section_begin|>…<|im_end|>` (K2.5/K2.6)."""
+    reasoning, content, finished = _turn_parts(generated, completion)
+    head = "" if profile.prefills_think else profile.think_open
+    if _in_reasoning(content, generated, finished):
+        return head + (reasoning or "")
+    text = head + (reasoning or "") + profile.think_close + content
+    calls = generated.get("tool_calls") or []
+    if calls:
+        text += "<|tool_calls_section_begin|>"
+        for index, call in enumerate(calls, start=calls_before):
+            function = _function(call)
+            arguments = function.get("arguments", "")
+            if not isinstance(arguments, str):
+                arguments = json.dumps(arguments, ensure_ascii=False)
+            text += (
+                f"<|tool_call_begin|>{_kimi_call_id(call, function, index)}"
+                f"<|tool_call_argument_begin|>{arguments}<|tool_call_end|>"
+            )
+        text += "<|tool_calls_section_end|>"
+    return text + (profile.end_of_turn if finished else "")
+
+
+def _kimi_call_id(call: Mapping[str, Any], function: Mapping[str, Any], index: int) -> str:
+    """Kimi's ids are `functions.{name}:{index}`, index counted over the conversation."""
+    given = call.get("id")
+    if isinstance(given, str) and given.startswith("functions."):
+        return given
+    return f"functions.{function.get('name', '')}:{index}"
+
+
+def _qwen_turn(generated: Message, profile: FamilyProfile, completion: CompletionRecord) -> str:
+    """`{reasoning}\\n</think>\\n\\n{content}<tool_call>…<|im_end|>`, trimmed like the template."""
+    reasoning, content, finished = _turn_parts(generated, completion)
+    head = "" if profile.prefills_think else profile.think_open + "\n"
+    if _in_reasoning(content, generated, finished):
+        return head + (reasoning or "")
+    content = content.strip()
+    if reasoning is None and profile.think_close in content:
+        # the template splits an inline think block out of the content
+        parts = content.split(profile.think_close)
+        reasoning = parts[0].split(profile.think_open)[-1]
+        content = parts[-1].lstrip("\n")
+    text = head + (reasoning or "").strip() + f"\n{profile.think_close}\n\n" + content
+    for position, call in enumerate(generated.get("tool_calls") or []):
+        function = _function(call)
+        if position == 0:
+            text += "\n\n<tool_call>" if content.strip() else "<tool_call>"
+        else:
+            text += "\n<tool_call>"
+        text += f"\n<function={function.get('name', '')}>\n"
+        arguments = function.get("arguments") or {}
+        for name, value in arguments.items():
+            text += f"<parameter={name}>\n{_qwen_value(value)}\n</parameter>\n"
+        text += "</function>\n</tool_call>"
+    return text + (profile.end_of_turn if finished else "")
+
+
+def _qwen_value(value: Any) -> str:
+    """As the template prints it: JSON for objects and arrays, Python's str() otherwise."""
+    if isinstance(value, Mapping | list | tuple):
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def template_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """The tools as SGLang hands them to the chat template: each OpenAI tool's function as
+    its pydantic dump (`item.function.model_dump()`), not the `{"type", "function"}` wrapper.
+    Templates print them as JSON, so any other shape renders another prompt than the
+    server's (and shows as drift on every prompt with tools)."""
+    if not tools:
+        return None
+    out = []
+    for tool in tools:
+        function = tool.get("function", tool)
+        out.append(
+            {
+                "description": function.get("description"),
+                "name": function.get("name"),
+                "parameters": function.get("parameters"),
+                "strict": bool(function.get("strict", False)),
+            }
+        )
+    return out
+
+
+def _function(call: Mapping[str, Any]) -> Mapping[str, Any]:
+    function = call.get("function", call)
+    if not isinstance(function, Mapping):
+        raise SampleError("bad_tool_call", f"tool call without a function: {call!r:.200}")
+    return function
+
+
+def _decoded_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
+    function = _function(call)
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError as err:
+            raise SampleError("bad_tool_arguments", f"arguments are not JSON: {err}") from None
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, Mapping):
+        raise SampleError("bad_tool_arguments", "arguments are not a JSON object")
+    decoded = {**function, "arguments": dict(arguments)}
+    return {**call, "function": decoded} if "function" in call else decoded
+
+
+def _count_calls(messages: Iterable[Message]) -> int:
+    return sum(len(m.get("tool_calls") or []) for m in messages if m.get("role") == "assistant")
+
+
+def _server_ids(completion: CompletionRecord) -> tuple[list[int], list[int]] | SampleError | None:
+    prompt, output = completion.prompt_token_ids, completion.output_token_ids
+    if prompt is None and output is None:
+        return None
+    if not isinstance(prompt, list) or not isinstance(output, list):
+        return SampleError("bad_token_ids", "only one of prompt/output token ids is present")
+    return prompt, output
+
+
+def _mask(zeros: int, ones: int) -> list[int]:
+    return [0] * zeros + [1] * ones
+
+
+def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
+    for index, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return index
+    return min(len(a), len(b))
+
+
+def _boundary_pattern(tokenizer: Any) -> re.Pattern[str] | None:
+    """Added tokens after which the tokenizer always splits: not stripping the text that
+    follows, and not the start of a longer added token."""
+    decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    tokens = {
+        str(getattr(token, "content", token))
+        for token in decoder.values()
+        if not getattr(token, "rstrip", False) and not getattr(token, "single_word", False)
+    }
+    safe = [t for t in tokens if t and not any(o != t and o.startswith(t) for o in tokens)]
+    if not safe:
+        return None
+    return re.compile("|".join(re.escape(t) for t in sorted(safe, key=len, reverse=True)))

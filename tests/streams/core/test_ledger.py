@@ -1,0 +1,47 @@
+"""The generated ledger's keys and the once-worker's reading of prompt records."""
+
+from __future__ import annotations
+
+import orjson
+
+from streams.core.ledger import (
+    REGENERATE,
+    generated_prompt_ids,
+    ledger_key,
+    settings_hash,
+    split_key,
+)
+from streams.generate.once import prompt_mode
+from streams.generate.steal import _align
+
+
+def test_settings_hash_changes_with_every_generation_setting() -> None:
+    base = settings_hash("m", {"temperature": 1.0, "top_p": 0.95}, True, "final")
+    assert base == settings_hash("m", {"top_p": 0.95, "temperature": 1.0}, True, "final")
+    assert base != settings_hash("m2", {"temperature": 1.0, "top_p": 0.95}, True, "final")
+    assert base != settings_hash("m", {"temperature": 0.7, "top_p": 0.95}, True, "final")
+    assert base != settings_hash("m", {"temperature": 1.0, "top_p": 0.95}, False, "final")
+    assert base != settings_hash("m", {"temperature": 1.0, "top_p": 0.95}, True, "every-turn")
+
+
+def test_keys_round_trip_even_with_separators_in_the_prompt_id() -> None:
+    key = ledger_key("conv@1-t1of2", "abc")
+    assert split_key(key) == ("conv@1-t1of2", "abc")
+    assert generated_prompt_ids([key, ledger_key("p", "x"), ledger_key("p", "y")]) == {
+        "conv@1-t1of2",
+        "p",
+    }
+
+
+def test_prompt_mode_reads_regen_and_regenerate() -> None:
+    plain = orjson.dumps({"prompt_id": "p", "messages": [], "meta": {"row": 1}})
+    forced = orjson.dumps({"prompt_id": "p", "messages": [], "meta": {REGENERATE: True}})
+    turns = orjson.dumps({"prompt_id": "p", "messages": [], "meta": {"regen": "every-turn"}})
+    assert prompt_mode(plain) == ("final", False)
+    assert prompt_mode(forced) == ("final", True)
+    assert prompt_mode(turns) == ("every-turn", False)
+    assert prompt_mode(b"not json")[1] is True  # never skipped: the worker dead-letters it
+
+
+def test_steal_chunks_are_aligned_on_absolute_offsets() -> None:
+    assert [_align(o, 16) for o in (0, 1, 16, 17, 31)] == [0, 16, 16, 32, 32]

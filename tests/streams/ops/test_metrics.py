@@ -1,0 +1,94 @@
+"""Worker metrics: read from the worker's stats at scrape time, served on /metrics."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from streams.generate.app import generate_figures
+from streams.generate.worker import GenerateStats
+from streams.ops.metrics import GenerateMetrics, TokenizeMetrics, serve_metrics
+from streams.tokenize.app import tokenize_figures
+from streams.tokenize.stage import TokenizeStats
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_generate_metrics_follow_the_stats_without_being_told() -> None:
+    stats = GenerateStats()
+    metrics = GenerateMetrics("http://gpu-01:30000/")
+    metrics.attach(lambda: generate_figures(stats, metrics.requests))
+    server = (("server", "http://gpu-01:30000"),)
+
+    stats.in_flight, stats.completed, stats.output_tokens = 3, 7, 4200
+    stats.dead_letters, stats.retries, stats.paused = 1, 2, True
+    stats.errors.update({"http_503": 2, "context_too_long": 1})
+    metrics.requests = 10
+    metrics.observe(1.5)
+    metrics.observe(42.0)
+    found = samples(generate_latest(metrics.registry).decode())
+
+    assert found[("draftgen_generate_in_flight", server)] == 3
+    assert found[("draftgen_generate_paused", server)] == 1
+    assert found[("draftgen_generate_requests_total", server)] == 10
+    assert found[("draftgen_generate_completed_total", server)] == 7
+    assert found[("draftgen_generate_dead_letters_total", server)] == 1
+    assert found[("draftgen_generate_retries_total", server)] == 2
+    assert found[("draftgen_generate_output_tokens_total", server)] == 4200
+    assert found[("draftgen_generate_errors_total", (("kind", "http_503"), *server))] == 2
+    assert found[("draftgen_generate_request_duration_seconds_count", server)] == 2
+    assert found[("draftgen_generate_request_duration_seconds_sum", server)] == 43.5
+    le_2_5 = (("le", "2.5"), *server)
+    assert found[("draftgen_generate_request_duration_seconds_bucket", le_2_5)] == 1
+
+    stats.completed = 8  # read again at the next scrape
+    found = samples(generate_latest(metrics.registry).decode())
+    assert found[("draftgen_generate_completed_total", server)] == 8
+
+
+def test_tokenize_metrics_are_per_dataset() -> None:
+    stats = TokenizeStats(
+        samples=5, tokens=900, loss_tokens=400, shards=2, duplicates=1, dead_letters=3
+    )
+    stats.compared, stats.drifted = 5, 1
+    stats.rejected["bad_tool_call"] = 3
+    metrics = TokenizeMetrics("k26-v1")
+    metrics.attach(lambda: tokenize_figures(stats))
+    found = samples(generate_latest(metrics.registry).decode())
+    ds = (("dataset", "k26-v1"),)
+    for name, value in (
+        ("samples", 5),
+        ("tokens", 900),
+        ("loss_tokens", 400),
+        ("shards", 2),
+        ("duplicates", 1),
+        ("dead_letters", 3),
+        ("drift_compared", 5),
+        ("drifted", 1),
+    ):
+        assert found[(f"draftgen_tokenize_{name}_total", ds)] == value
+    assert (
+        found[
+            ("draftgen_tokenize_errors_total", (("dataset", "k26-v1"), ("kind", "bad_tool_call")))
+        ]
+        == 3
+    )
+
+
+def test_metrics_endpoint_on_a_free_loopback_port() -> None:
+    metrics = TokenizeMetrics("ds")
+    url = serve_metrics(metrics.registry, "127.0.0.1", 0)
+    assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
+    assert not url.startswith("http://127.0.0.1:0/")
+    with urllib.request.urlopen(url, timeout=5) as response:
+        body = response.read().decode()
+    assert 'draftgen_tokenize_samples_total{dataset="ds"} 0.0' in body
+    assert "process_cpu_seconds_total" in body

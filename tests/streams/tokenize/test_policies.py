@@ -1,0 +1,203 @@
+"""The sample policy: which completions the tokenize stage drops, truncates or keeps."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streams.cli.args import add_policy_arguments, policy_flags, policy_from_args
+from streams.core.families import detect_family
+from streams.core.records import CompletionRecord, is_policy_drop
+from streams.core.settings import SamplePolicy
+from streams.tokenize.policies import PolicyDrop, PolicySampleBuilder, longest_run
+from streams.tokenize.samples import Sample, SampleBuilder, SampleError
+
+USER = [{"role": "user", "content": "What is 2 + 2?"}]
+
+
+@pytest.fixture(params=["qwen36", "kimi_k26"])
+def make_builder(
+    request: pytest.FixtureRequest,
+    qwen36_tokenizer_dir: Path,
+    kimi_k26_tokenizer_dir: Path,
+    load_tokenizer: Callable[[Path], Any],
+) -> Callable[..., PolicySampleBuilder]:
+    directory = qwen36_tokenizer_dir if request.param == "qwen36" else kimi_k26_tokenizer_dir
+    tokenizer = load_tokenizer(directory)
+    profile = detect_family(directory)
+
+    def make(**policy: Any) -> PolicySampleBuilder:
+        return PolicySampleBuilder(tokenizer, profile, policy=SamplePolicy(**policy))
+
+    return make
+
+
+def with_server_ids(builder: PolicySampleBuilder, completion: CompletionRecord) -> CompletionRecord:
+    """The completion as the emulator would return it: its canonical rendering as ids."""
+    sample = SampleBuilder(builder.tokenizer, builder.profile).build(completion)
+    start = sample.loss_mask.index(1)
+    return replace(
+        completion,
+        prompt_token_ids=sample.input_ids[:start],
+        output_token_ids=sample.input_ids[start:],
+    )
+
+
+def answered(**fields: Any) -> CompletionRecord:
+    values: dict[str, Any] = {
+        "prompt_id": "p",
+        "messages": USER,
+        "reasoning_content": "Two and two make four.",
+        "content": "4",
+        "finish_reason": "stop",
+    }
+    values.update(fields)
+    return CompletionRecord(**values)
+
+
+def kind(result: Sample | SampleError) -> str | None:
+    return result.kind if isinstance(result, SampleError) else None
+
+
+def test_defaults_keep_a_normal_answer(make_builder: Callable[..., PolicySampleBuilder]) -> None:
+    builder = make_builder()
+    completion = with_server_ids(builder, answered())
+    sample = builder.build(completion)
+    assert sample.token_source == "server" and sample.drift is False and not sample.truncated
+
+
+def test_length_is_dropped_by_default_or_kept(
+    make_builder: Callable[..., PolicySampleBuilder],
+) -> None:
+    cut = answered(finish_reason="length", content="", reasoning_content="Two and two ma")
+    result = make_builder().build_many([cut])[0]
+    assert isinstance(result, PolicyDrop) and result.kind == "policy_length"
+    assert result.rule == "length" and is_policy_drop(result.kind)
+    # kept: judged by length alone, not as an empty answer or unclosed thinking
+    kept = make_builder(length="keep").build(cut)
+    assert kept.num_loss_tokens > 0
+
+
+def test_unclosed_think_versus_empty_answer(
+    make_builder: Callable[..., PolicySampleBuilder],
+) -> None:
+    builder = make_builder()
+    unclosed = answered(content="", reasoning_content="I never close the block")
+    assert kind(builder.build_many([unclosed])[0]) == "policy_unclosed_think"
+    # the server's ids tell: no </think> among them is unclosed; with it, an empty answer
+    closed = with_server_ids(builder, answered(content=""))
+    close_id = builder.tokenizer.convert_tokens_to_ids("</think>")
+    assert close_id in (closed.output_token_ids or [])
+    assert kind(builder.build_many([closed])[0]) == "policy_empty_answer"
+    without = replace(
+        closed, output_token_ids=[t for t in closed.output_token_ids or [] if t != close_id]
+    )
+    assert kind(builder.build_many([without])[0]) == "policy_unclosed_think"
+    kept = make_builder(unclosed_think="keep").build_many([without])[0]
+    assert isinstance(kept, Sample) and kept.input_ids[-len(without.output_token_ids or []) :] == (
+        without.output_token_ids
+    )
+
+
+def test_empty_answer(make_builder: Callable[..., PolicySampleBuilder]) -> None:
+    empty = answered(content="  \n", reasoning_content=None)
+    assert kind(make_builder().build_many([empty])[0]) == "policy_empty_answer"
+    server = replace(empty, prompt_token_ids=[1, 2, 3], output_token_ids=[4, 5])
+    kept = make_builder(empty_answer="keep").build_many([server])[0]
+    assert isinstance(kept, Sample) and kept.input_ids == [1, 2, 3, 4, 5]
+    # a tool call is an answer
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    assert make_builder().check_completion(replace(empty, tool_calls=[call])) is None
+
+
+def test_max_seq_len_drops_or_truncates(make_builder: Callable[..., PolicySampleBuilder]) -> None:
+    completion = answered(prompt_token_ids=list(range(10)), output_token_ids=list(range(10, 16)))
+    assert kind(make_builder(max_seq_len=16).build_many([completion])[0]) is None
+    assert kind(make_builder(max_seq_len=15).build_many([completion])[0]) == "policy_max_seq_len"
+
+    cut = make_builder(max_seq_len=13, over_max_seq_len="truncate").build(completion)
+    assert cut.truncated and cut.input_ids == list(range(13))
+    assert cut.loss_mask == [0] * 10 + [1] * 3
+    # cut into the prompt, or leaving one supervised token: too short a run for DFlash
+    for limit in (10, 11):
+        result = make_builder(max_seq_len=limit, over_max_seq_len="truncate").build_many(
+            [completion]
+        )[0]
+        assert kind(result) == "policy_min_loss_run"
+        assert "after truncation" in str(result)
+
+
+def test_min_loss_run(make_builder: Callable[..., PolicySampleBuilder]) -> None:
+    one = answered(prompt_token_ids=[1, 2], output_token_ids=[3])
+    assert kind(make_builder().build_many([one])[0]) == "policy_min_loss_run"
+    assert kind(make_builder(min_loss_run=1).build_many([one])[0]) is None
+    two = replace(one, output_token_ids=[3, 4])
+    assert kind(make_builder().build_many([two])[0]) is None
+
+
+def test_build_many_keeps_order_and_skips_dropped(
+    make_builder: Callable[..., PolicySampleBuilder],
+) -> None:
+    builder = make_builder()
+    rendered: list[str] = []
+    original = builder.render
+
+    def render(completion: CompletionRecord) -> Any:
+        rendered.append(completion.prompt_id)
+        return original(completion)
+
+    builder.render = render  # type: ignore[method-assign]
+    batch = [
+        answered(prompt_id="a"),
+        answered(prompt_id="b", finish_reason="length"),
+        answered(prompt_id="c", content="", reasoning_content="hmm"),
+        answered(prompt_id="d", prompt_token_ids=[1], output_token_ids=[2]),
+        answered(prompt_id="e", prompt_token_ids=[1], output_token_ids=[2, 3]),
+    ]
+    kinds = [kind(r) for r in builder.build_many(batch)]
+    assert kinds == [None, "policy_length", "policy_unclosed_think", "policy_min_loss_run", None]
+    assert "b" not in rendered and "c" not in rendered  # dropped before any encoding
+
+
+def test_longest_run() -> None:
+    assert longest_run([]) == 0
+    assert longest_run([0, 0]) == 0
+    assert longest_run([0, 1, 0, 1, 1, 1, 0, 1, 1]) == 3
+    assert longest_run([1] * 5) == 5
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_policy_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_flags_defaults_and_round_trip() -> None:
+    assert policy_from_args(parse()) == SamplePolicy()
+    assert SamplePolicy().max_seq_len is None and SamplePolicy().min_loss_run == 2
+    policy = policy_from_args(
+        parse(
+            "--on-length",
+            "keep",
+            "--on-unclosed-think",
+            "keep",
+            "--on-empty-answer",
+            "keep",
+            "--max-seq-len",
+            "4096",
+            "--on-max-seq-len",
+            "truncate",
+            "--min-loss-run",
+            "3",
+        )
+    )
+    assert policy == SamplePolicy("keep", "keep", "keep", 4096, "truncate", 3)
+    assert policy_from_args(parse(*policy_flags(policy))) == policy
+    assert policy_from_args(parse(*policy_flags(SamplePolicy()))) == SamplePolicy()
+    with pytest.raises(SystemExit):
+        parse("--max-seq-len", "0")

@@ -1,0 +1,548 @@
+"""SampleBuilder: masks exactly over the generated turn, server ids kept as given, drift, errors."""
+
+from __future__ import annotations
+
+import copy
+import json
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from streams.core.families import FamilyProfile, detect_family
+from streams.core.records import CompletionRecord
+from streams.tokenize.samples import Sample, SampleBuilder, SampleError, template_tools
+
+FAMILIES = ("qwen36", "kimi_k26")
+SETTINGS = settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    directory: Path
+    tokenizer: Any
+    profile: FamilyProfile
+
+    def builder(self, **kwargs: Any) -> SampleBuilder:
+        return SampleBuilder(self.tokenizer, self.profile, **kwargs)
+
+    def template(self, messages: list[dict[str, Any]], tools: Any, **kwargs: Any) -> str:
+        if self.name == "qwen36":  # Qwen's template takes arguments as a mapping
+            messages = _decoded(messages)
+        text = self.tokenizer.apply_chat_template(
+            messages,
+            tools=template_tools(tools),  # as SGLang passes them
+            tokenize=False,
+            **self.profile.template_kwargs(True),
+            **kwargs,
+        )
+        assert isinstance(text, str)
+        return text
+
+    def text(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids))
+
+    def normal(self, text: str) -> str:
+        """What decoding gives back: Qwen's tokenizer applies NFC."""
+        return unicodedata.normalize("NFC", text) if self.name == "qwen36" else text
+
+
+@pytest.fixture(scope="session")
+def families(
+    qwen36_tokenizer_dir: Path, kimi_k26_tokenizer_dir: Path, load_tokenizer: Callable[[Path], Any]
+) -> dict[str, Family]:
+    dirs = {"qwen36": qwen36_tokenizer_dir, "kimi_k26": kimi_k26_tokenizer_dir}
+    return {name: Family(name, d, load_tokenizer(d), detect_family(d)) for name, d in dirs.items()}
+
+
+@pytest.fixture(params=FAMILIES)
+def fam(request: pytest.FixtureRequest, families: dict[str, Family]) -> Family:
+    return families[request.param]
+
+
+# --- conversations -------------------------------------------------------------------------
+
+WORDS = st.sampled_from(
+    ["the", "model", "answer", "think", " ", "\n", "  ", "Paris", "x = 1", "日本", "é", "🎉"]
+)
+TEXT = st.one_of(
+    st.lists(WORDS, max_size=8).map("".join),
+    st.text(st.characters(codec="utf-8"), max_size=24),
+)
+TOOL_NAMES = st.sampled_from(["get_weather", "run_shell", "search"])
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"{name} tool",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+        },
+    }
+    for name in ("get_weather", "run_shell", "search")
+]
+ARGUMENTS = st.dictionaries(
+    st.sampled_from(["q", "city", "n", "flags"]),
+    st.one_of(TEXT, st.integers(-5, 5), st.booleans(), st.lists(st.integers(0, 3), max_size=3)),
+    max_size=3,
+)
+
+
+@st.composite
+def tool_calls(draw: st.DrawFn, counter: list[int]) -> list[dict[str, Any]]:
+    calls = []
+    for _ in range(draw(st.integers(1, 2))):
+        name = draw(TOOL_NAMES)
+        counter[0] += 1
+        style = draw(st.sampled_from(["openai", "kimi"]))
+        call_id = f"call_{counter[0]}" if style == "openai" else f"functions.{name}:{counter[0]}"
+        arguments = json.dumps(draw(ARGUMENTS), ensure_ascii=draw(st.booleans()))
+        calls.append(
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+        )
+    return calls
+
+
+@st.composite
+def completions(draw: st.DrawFn, finish: str | None = None) -> CompletionRecord:
+    """A prompt (system or not, multi-turn, tools) ending on a user or tool turn, plus the
+    generated turn (reasoning or not, content, tool calls or not)."""
+    counter = [0]
+    messages: list[dict[str, Any]] = []
+    if draw(st.booleans()):
+        messages.append({"role": "system", "content": draw(TEXT)})
+    for turn in range(draw(st.integers(1, 3))):
+        messages.append({"role": "user", "content": draw(TEXT) or f"question {turn}"})
+        for _ in range(draw(st.integers(0, 2))):  # tool rounds
+            calls = draw(tool_calls(counter))
+            messages.append(_assistant(draw, calls))
+            for call in calls:
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": draw(TEXT)})
+        if draw(st.booleans()):
+            messages.append(_assistant(draw, None))
+        else:
+            break
+    if messages[-1]["role"] == "assistant":
+        messages.append({"role": "user", "content": draw(TEXT) or "more"})
+    has_calls = any(m.get("tool_calls") for m in messages)
+    generated_calls = draw(tool_calls(counter)) if draw(st.booleans()) else None
+    return CompletionRecord(
+        prompt_id="p",
+        messages=messages,
+        tools=TOOLS if has_calls or generated_calls or draw(st.booleans()) else None,
+        reasoning_content=draw(st.one_of(st.none(), TEXT, TEXT.map("I think {}".format))),
+        content=draw(TEXT),
+        tool_calls=generated_calls,
+        finish_reason=finish or ("tool_calls" if generated_calls else "stop"),
+    )
+
+
+def _assistant(draw: st.DrawFn, calls: list[dict[str, Any]] | None) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": draw(TEXT)}
+    if draw(st.booleans()):
+        message["reasoning_content"] = draw(TEXT)
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def _decoded(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    messages = copy.deepcopy(messages)
+    for message in messages:
+        for call in message.get("tool_calls") or []:
+            call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+    return messages
+
+
+def expected_turn(fam: Family, completion: CompletionRecord) -> str:
+    """The oracle, from the template itself: the finished conversation rendered with history
+    thinking preserved, past the prompt rendered the same way with the generation prompt."""
+    messages, tools = completion.messages, completion.tools
+    full = fam.template(
+        [*messages, completion.generated_message()],
+        tools,
+        add_generation_prompt=False,
+        preserve_thinking=True,
+    )
+    prompt = fam.template(messages, tools, add_generation_prompt=True, preserve_thinking=True)
+    assert full.startswith(prompt)
+    turn = full[len(prompt) :]
+    if fam.name == "qwen36":  # the template's newline after <|im_end|> is not the model's
+        assert turn.endswith("<|im_end|>\n")
+        turn = turn[:-1]
+    return turn
+
+
+def split(sample: Sample) -> tuple[list[int], list[int]]:
+    start = sample.loss_mask.index(1)
+    return sample.input_ids[:start], sample.input_ids[start:]
+
+
+# --- rendered samples ----------------------------------------------------------------------
+
+
+def splits_cleanly(fam: Family, prompt: str, turn: str) -> bool:
+    """The prompt's ids are a prefix of the whole text's ids (else: prefix_mismatch)."""
+    prompt_ids = fam.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    whole_ids = fam.tokenizer(prompt + turn, add_special_tokens=False)["input_ids"]
+    return bool(whole_ids[: len(prompt_ids)] == prompt_ids)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_mask_covers_exactly_the_generated_turn(fam: Family, data: st.DataObject) -> None:
+    completion = data.draw(completions())
+    turn = expected_turn(fam, completion)
+    prompt = fam.template(completion.messages, completion.tools, add_generation_prompt=True)
+    if not splits_cleanly(fam, prompt, turn):
+        # Qwen with empty reasoning: the prefilled "<think>\n" and the turn's "\n</think>"
+        # merge into one "\n\n" token
+        assert fam.name == "qwen36" and not (completion.reasoning_content or "").strip()
+        with pytest.raises(SampleError, match="prefix_mismatch"):
+            fam.builder().build(completion)
+        return
+    sample = fam.builder().build(completion)
+    assert sample.token_source == "rendered" and sample.drift is None
+    assert len(sample.loss_mask) == len(sample.input_ids)
+    prompt_ids, turn_ids = split(sample)
+    # one contiguous run of ones at the end: nothing outside the turn is supervised
+    assert sample.loss_mask == [0] * len(prompt_ids) + [1] * len(turn_ids)
+    assert fam.text(turn_ids) == fam.normal(turn)
+    assert turn_ids[-1] == fam.tokenizer.convert_tokens_to_ids(fam.profile.end_of_turn)
+    # the unsupervised part is exactly the rendered prompt, generation prompt included
+    assert fam.text(prompt_ids) == fam.normal(prompt)
+    assert prompt_ids == fam.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
+
+@SETTINGS
+@given(data=st.data())
+def test_split_encoding_equals_whole_encoding(fam: Family, data: st.DataObject) -> None:
+    """Encoding the prompt cut after its last added token gives the ids of the whole text."""
+    completion = data.draw(completions(), label="completion")
+    fast = fam.builder()
+    whole = fam.builder()
+    whole._boundary = None  # encode prompt + turn as one text
+    assert fast.render(completion).split > 0 and whole.render(completion).split == 0
+    results = [b.build_many([completion])[0] for b in (fast, whole)]
+    if isinstance(results[0], SampleError) or isinstance(results[1], SampleError):
+        assert isinstance(results[0], SampleError) and isinstance(results[1], SampleError)
+        assert results[0].kind == results[1].kind == "prefix_mismatch"
+    else:
+        assert results[0] == results[1]
+
+
+def test_qwen_empty_reasoning_is_a_prefix_mismatch(families: dict[str, Family]) -> None:
+    completion = CompletionRecord(
+        prompt_id="p", messages=[{"role": "user", "content": "hi"}], content="Hello!"
+    )
+    with pytest.raises(SampleError) as err:
+        families["qwen36"].builder().build(completion)
+    assert err.value.kind == "prefix_mismatch"
+    sample = families["kimi_k26"].builder().build(completion)
+    assert families["kimi_k26"].text(split(sample)[1]) == "</think>Hello!<|im_end|>"
+
+
+@SETTINGS
+@given(data=st.data())
+def test_truncated_output_has_no_end_of_turn(fam: Family, data: st.DataObject) -> None:
+    completion = data.draw(completions(finish="length"))
+    result = fam.builder().build_many([completion])[0]
+    if isinstance(result, SampleError):
+        if result.kind == "too_few_loss_tokens":  # nothing was written at all
+            assert not (completion.reasoning_content or completion.content)
+        else:
+            assert result.kind == "prefix_mismatch"
+        return
+    turn = fam.text(split(result)[1])
+    end = fam.profile.end_of_turn
+    assert not turn.endswith(end)
+    if completion.content or completion.tool_calls:
+        assert turn + end == fam.normal(expected_turn(fam, completion))
+    else:  # stopped inside the reasoning: as the model wrote it, not even a think close
+        assert turn == fam.normal(completion.reasoning_content or "")
+
+
+def test_truncated_inside_reasoning_is_the_reasoning_only(fam: Family) -> None:
+    completion = CompletionRecord(
+        prompt_id="p",
+        messages=[{"role": "user", "content": "hi"}],
+        reasoning_content="Let me think about th",
+        content="",
+        finish_reason="length",
+    )
+    _, turn_ids = split(fam.builder().build(completion))
+    assert fam.text(turn_ids) == "Let me think about th"
+
+
+@pytest.mark.parametrize(
+    "content", ["<think>\nhidden\n</think>\n\nshown", "a</think>b</think>\nc", "  x  "]
+)
+def test_qwen_inline_think_in_content_follows_the_template(
+    families: dict[str, Family], content: str
+) -> None:
+    qwen = families["qwen36"]
+    completion = CompletionRecord(
+        prompt_id="p", messages=[{"role": "user", "content": "hi"}], content=content
+    )
+    assert qwen.builder().render(completion).turn == expected_turn(qwen, completion)
+
+
+def test_generated_tool_calls_render_in_the_family_format(fam: Family) -> None:
+    completion = CompletionRecord(
+        prompt_id="p",
+        messages=[{"role": "user", "content": "Weather in Paris and Rome?"}],
+        tools=TOOLS,
+        reasoning_content="Two calls.",
+        content="",
+        tool_calls=[
+            {
+                "id": f"call_{i}",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": json.dumps({"city": city})},
+            }
+            for i, city in enumerate(["Paris", "Rome"])
+        ],
+        finish_reason="tool_calls",
+    )
+    _, turn_ids = split(fam.builder().build(completion))
+    if fam.name == "qwen36":
+        assert fam.text(turn_ids) == (
+            "Two calls.\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\n"
+            "Paris\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>"
+            "\n<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call><|im_end|>"
+        )
+    else:
+        assert fam.text(turn_ids) == (
+            "Two calls.</think><|tool_calls_section_begin|>"
+            "<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+            '{"city": "Paris"}'
+            "<|tool_call_end|><|tool_call_begin|>functions.get_weather:1<|tool_call_argument_begin|>"
+            '{"city": "Rome"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>'
+        )
+
+
+# --- server ids and drift ------------------------------------------------------------------
+
+
+@SETTINGS
+@given(data=st.data())
+def test_server_ids_are_kept_as_given(fam: Family, data: st.DataObject) -> None:
+    vocab = len(fam.tokenizer)
+    prompt_ids = data.draw(st.lists(st.integers(0, vocab - 1), max_size=40))
+    output_ids = data.draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=40))
+    completion = replace(
+        data.draw(completions()), prompt_token_ids=prompt_ids, output_token_ids=output_ids
+    )
+    sample = fam.builder(measure_drift=False).build(completion)
+    assert sample.token_source == "server"
+    assert sample.input_ids == prompt_ids + output_ids
+    assert sample.loss_mask == [0] * len(prompt_ids) + [1] * len(output_ids)
+    assert sample.drift is None and sample.drift_position is None
+
+
+def _with_server_ids(fam: Family, completion: CompletionRecord) -> CompletionRecord:
+    if completion.reasoning_content is None or not completion.reasoning_content.strip():
+        completion = replace(completion, reasoning_content="Reasoning.")  # see prefix test
+    rendered = fam.builder().build(completion)
+    prompt_ids, turn_ids = split(rendered)
+    return replace(completion, prompt_token_ids=prompt_ids, output_token_ids=turn_ids)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_drift_is_measured_against_the_rendering(fam: Family, data: st.DataObject) -> None:
+    completion = _with_server_ids(fam, data.draw(completions()))
+    assert completion.prompt_token_ids is not None and completion.output_token_ids is not None
+    same = fam.builder().build(completion)
+    assert (same.token_source, same.drift, same.drift_position) == ("server", False, None)
+
+    position = data.draw(st.integers(0, len(completion.output_token_ids) - 1))
+    output = list(completion.output_token_ids)
+    output[position] = (output[position] + 1) % len(fam.tokenizer)
+    drifted = replace(completion, output_token_ids=output)
+    sample = fam.builder().build(drifted)
+    assert sample.input_ids == completion.prompt_token_ids + output  # still the server's
+    assert sample.drift is True
+    assert sample.drift_position == len(completion.prompt_token_ids) + position
+
+    rendered = fam.builder(prefer="rendered").build(drifted)
+    assert rendered.token_source == "rendered" and rendered.drift is True
+    assert rendered.input_ids == completion.prompt_token_ids + completion.output_token_ids
+
+
+def test_server_ids_skip_rendering_when_drift_is_off(fam: Family) -> None:
+    class NoRendering:
+        """A tokenizer that must not be used for rendering or encoding."""
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+            self.added_tokens_decoder = inner.added_tokens_decoder
+
+        def __len__(self) -> int:
+            return len(self.inner)
+
+        def __getattr__(self, name: str) -> Any:
+            raise AssertionError(f"tokenizer.{name} used")
+
+    builder = SampleBuilder(NoRendering(fam.tokenizer), fam.profile, measure_drift=False)
+    completion = CompletionRecord(
+        prompt_id="p",
+        messages=[{"role": "user", "content": "hi"}],
+        prompt_token_ids=[1, 2, 3],
+        output_token_ids=[4, 5],
+    )
+    assert (
+        builder.build_many([completion] * 3)
+        == [Sample([1, 2, 3, 4, 5], [0, 0, 0, 1, 1], "server")] * 3
+    )
+
+
+def test_drift_not_measured_when_rendering_fails(families: dict[str, Family]) -> None:
+    qwen = families["qwen36"]  # its template refuses a conversation without a user query
+    completion = CompletionRecord(
+        prompt_id="p",
+        messages=[{"role": "system", "content": "no user turn"}],
+        content="x",
+        prompt_token_ids=[1, 2],
+        output_token_ids=[3, 4],
+    )
+    sample = qwen.builder().build(completion)
+    assert sample.token_source == "server" and sample.drift is None
+    with pytest.raises(SampleError) as err:
+        qwen.builder(prefer="rendered").build(completion)
+    assert err.value.kind == "template_error"
+
+
+# --- errors --------------------------------------------------------------------------------
+
+
+def _fresh(fam: Family, load_tokenizer: Callable[[Path], Any], template: str | None) -> Any:
+    tokenizer = load_tokenizer(fam.directory)
+    if template is not None:
+        tokenizer.chat_template = template
+    return tokenizer
+
+
+def test_template_error(fam: Family, load_tokenizer: Callable[[Path], Any]) -> None:
+    tokenizer = _fresh(fam, load_tokenizer, "{{ raise_exception('broken template') }}")
+    completion = CompletionRecord(
+        prompt_id="p", messages=[{"role": "user", "content": "hi"}], content="hello"
+    )
+    with pytest.raises(SampleError) as err:
+        SampleBuilder(tokenizer, fam.profile).build(completion)
+    assert err.value.kind == "template_error" and "broken template" in err.value.message
+
+
+def test_prefix_mismatch(fam: Family, load_tokenizer: Callable[[Path], Any]) -> None:
+    # A generation prompt ending in plain text: BPE merges it with the turn's first word.
+    template = fam.tokenizer.chat_template.replace(
+        "'<think>\\n'" if fam.name == "qwen36" else "'<think>'", "'Reasoning: '"
+    )
+    assert template != fam.tokenizer.chat_template
+    tokenizer = _fresh(fam, load_tokenizer, template)
+    completion = CompletionRecord(
+        prompt_id="p",
+        messages=[{"role": "user", "content": "hi"}],
+        reasoning_content="the answer",
+        content="ok",
+    )
+    with pytest.raises(SampleError) as err:
+        SampleBuilder(tokenizer, fam.profile).build(completion)
+    assert err.value.kind == "prefix_mismatch"
+
+
+def test_build_many_keeps_order_and_reports_errors(fam: Family) -> None:
+    good = CompletionRecord(
+        prompt_id="a",
+        messages=[{"role": "user", "content": "hi"}],
+        reasoning_content="Hm.",
+        content="yo",
+    )
+    server = replace(good, prompt_token_ids=[1], output_token_ids=[2, 3])
+    half = replace(good, prompt_token_ids=[1])
+    empty = replace(good, prompt_token_ids=[1, 2], output_token_ids=[])
+    huge = replace(good, prompt_token_ids=[1], output_token_ids=[len(fam.tokenizer)])
+    results = fam.builder(measure_drift=False).build_many([good, half, server, empty, huge])
+    assert isinstance(results[0], Sample) and results[0].token_source == "rendered"
+    assert isinstance(results[2], Sample) and results[2].input_ids == [1, 2, 3]
+    kinds = [r.kind if isinstance(r, SampleError) else None for r in results]
+    assert kinds == [None, "bad_token_ids", None, "too_few_loss_tokens", "token_out_of_range"]
+
+
+def test_an_encoding_failure_rejects_only_its_completion(families: dict[str, Family]) -> None:
+    qwen = families["qwen36"]
+
+    class Backend:
+        def encode_batch_fast(self, texts: list[str], add_special_tokens: bool) -> Any:
+            if any("BOOM" in text for text in texts):
+                raise RuntimeError("cannot encode BOOM")
+            return qwen.tokenizer.backend_tokenizer.encode_batch_fast(texts, add_special_tokens)
+
+    class Tokenizer:
+        backend_tokenizer = Backend()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(qwen.tokenizer, name)
+
+        def __len__(self) -> int:
+            return len(qwen.tokenizer)
+
+    base = CompletionRecord(
+        prompt_id="p", messages=[{"role": "user", "content": "hi"}], reasoning_content="Hm."
+    )
+    batch = [replace(base, content="fine"), replace(base, content="BOOM"), base]
+    results = SampleBuilder(Tokenizer(), qwen.profile).build_many(batch)
+    assert isinstance(results[0], Sample) and isinstance(results[2], Sample)
+    assert isinstance(results[1], SampleError) and results[1].kind == "encode_error"
+    assert results[0] == qwen.builder().build(batch[0])
+
+
+def test_qwen_rejects_tool_arguments_that_are_not_json(families: dict[str, Family]) -> None:
+    completion = CompletionRecord(
+        prompt_id="p",
+        messages=[{"role": "user", "content": "hi"}],
+        tools=TOOLS,
+        tool_calls=[
+            {
+                "id": "c",
+                "type": "function",
+                "function": {"name": "search", "arguments": "{not json"},
+            }
+        ],
+    )
+    with pytest.raises(SampleError) as err:
+        families["qwen36"].builder().build(completion)
+    assert err.value.kind == "bad_tool_arguments"
+    # Kimi prints the arguments verbatim, as the model wrote them
+    sample = families["kimi_k26"].builder().build(completion)
+    assert "{not json" in families["kimi_k26"].text(split(sample)[1])
+
+
+def test_prefer_must_be_a_token_source(fam: Family) -> None:
+    with pytest.raises(ValueError):
+        fam.builder(prefer="tokens")
+
+
+def test_prompt_with_tools_renders_as_the_server_renders_it(fam: Family) -> None:
+    """SGLang hands the template each tool's function, not the OpenAI wrapper: the rendered
+    prompt must be the server's, or every prompt with tools would count as drift."""
+    from compose.emulator.chat import parse_chat_request, render_prompt
+    from compose.emulator.model import EmulatedModel
+
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    request = {
+        "messages": messages,
+        "tools": TOOLS,
+        "chat_template_kwargs": fam.profile.template_kwargs(True),
+    }
+    server_text, _ = render_prompt(EmulatedModel(fam.directory), parse_chat_request(request))
+    completion = CompletionRecord(prompt_id="p", messages=messages, tools=TOOLS, content="x")
+    assert fam.builder().render(completion).prompt == server_text
