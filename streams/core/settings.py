@@ -13,7 +13,7 @@ DEAD_LETTERS = "dead-letters"
 GENERATE_GROUP = "draftgen-generate"
 # compacted: the latest heartbeat of each live worker, read by `draftgen status`
 WORKER_STATS = "worker-stats"
-# compacted: one record per (prompt_id, generation settings) generated (streams/ledger.py)
+# compacted: one record per (prompt_id, generation settings) generated (streams/core/ledger.py)
 GENERATED = "generated"
 
 

@@ -93,7 +93,7 @@ def build_generate_app(
 
     @app.agent(raw_topic(app, kafka.topic(PROMPTS)), name="generate")
     async def generate(stream: Any) -> None:
-        # Acks are ours (ordered, after delivery): see streams/inflight.py.
+        # Acks are ours (ordered, after delivery): see streams/generate/inflight.py.
         async for event in stream.noack().events():
             await worker.submit(event)
 

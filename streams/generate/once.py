@@ -1,13 +1,13 @@
 """A generate worker that generates each prompt once per settings, and may steal work.
 
-- Before generating, it asks the ledger (streams/ledger.py) whether the prompt was generated
+- Before generating, it asks the ledger (streams/core/ledger.py) whether the prompt was generated
   already with its settings; if so the prompt is acked without a request. A copy of a prompt
   published while another copy is in flight here waits for it (both copies share a partition,
   since prompts are keyed by prompt_id) and is then skipped.
 - After the completion is acknowledged by Kafka it writes the ledger record (same send loop,
   after the completion, so a ledger record never exists without its completion).
 - With `steal_after_s` > 0 an idle worker takes over prompts from the tail of other workers'
-  backlogs (streams/steal.py): see the README, "Servers of unequal speed".
+  backlogs (streams/generate/steal.py): see the README, "Servers of unequal speed".
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The generate stage: keeps `concurrency` requests in flight against one SGLang server.
 
 A prompt's offset is acked (and so committed) only after its completion, or its dead letter,
-has been acknowledged by Kafka, and only in offset order (see streams/inflight.py).
+has been acknowledged by Kafka, and only in offset order (see streams/generate/inflight.py).
 """
 
 from __future__ import annotations
