@@ -39,7 +39,7 @@ def topic_configs(kafka: KafkaSettings) -> dict[str, dict[str, str]]:
             "segment.ms": str(10 * 60 * 1000),
             "min.cleanable.dirty.ratio": "0.1",
         },
-        # What was generated, per prompt and settings: compacted, never deleted (streams/core/ledger.py).
+        # What was generated, per prompt and settings: compacted, never deleted (core/ledger.py).
         GENERATED: {"cleanup.policy": "compact", "retention.ms": "-1"},
     }
 
