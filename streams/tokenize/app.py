@@ -1,4 +1,5 @@
-"""`draftgen worker tokenize` / `draftgen replay`: the Faust app around TokenizeWorker."""
+"""`draftgen worker tokenize` / `draftgen replay`: the Faust app around the tokenize stage and
+its shard sink."""
 
 from __future__ import annotations
 
@@ -91,14 +92,14 @@ def build_tokenize_app(
     async def tokenize(stream: Any) -> None:
         # Acks are ours: a window's events are acked after its shard and marker are written.
         async for event in stream.noack().events():
-            await worker.add(event)
+            await worker.sink.add(event)
 
     @app.timer(interval=1.0)
     async def flush_idle() -> None:
-        await worker.flush_idle()
+        await worker.sink.flush_idle()
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # faust types are narrower than its runtime
     async def on_revoked(sender: Any, *args: Any, **_: Any) -> None:
-        worker.forget_partitions(args[0])  # faust sends the revoked set positionally
+        worker.sink.on_revoked(args[0])  # faust sends the revoked set positionally
 
     return app, worker
