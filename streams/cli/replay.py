@@ -11,15 +11,13 @@ already built (a restarted replay of the same name resumes its own group).
 from __future__ import annotations
 
 import argparse
-import asyncio
 from typing import Any
 
-from sinks.shards import ShardStore
+from streams.cli.worker import add_tokenize_flags, run_tokenize
 from streams.core.errors import CliError
+from streams.core.settings import TokenizeSettings
 
-
-def replay_manifest(base: dict[str, Any]) -> dict[str, Any]:
-    return {**base, "replay": True, "replay_from": "completions@earliest"}
+REPLAY_MANIFEST = {"replay": True, "replay_from": "completions@earliest"}
 
 
 def refusal(existing: dict[str, Any] | None, dataset: str) -> str | None:
@@ -32,38 +30,21 @@ def refusal(existing: dict[str, Any] | None, dataset: str) -> str | None:
     return None
 
 
-def cmd_replay(args: argparse.Namespace) -> int:
-    from streams.cli.args import observe_settings, tokenize_settings
-    from streams.core.faust_app import run_worker
-    from streams.core.topics import ensure_topics
-    from streams.tokenize.app import build_tokenize_app, manifest
-    from streams.tokenize.loading import load_tokenizer
-
-    settings = tokenize_settings(args)
-    loaded = load_tokenizer(settings.tokenizer_dir, settings.chat_template_file, settings.family)
-    store = ShardStore(settings.storage.out, settings.dataset, settings.storage.storage_options())
-    try:
-        existing = store.manifest()
-    except Exception as err:
-        raise CliError(f"cannot read {store.url}: {type(err).__name__}") from None
+def check(existing: dict[str, Any] | None, settings: TokenizeSettings) -> dict[str, Any]:
     refused = refusal(existing, settings.dataset)
     if refused:
         raise CliError(refused)
-    store.write_manifest(replay_manifest(manifest(settings, loaded)))
-    asyncio.run(ensure_topics(settings.kafka))
-    app, _ = build_tokenize_app(settings, loaded, store, observe_settings(args))
-    run_worker(app, args.log_level)
-    return 0
+    return REPLAY_MANIFEST
 
 
-def add_replay_command(commands: Any) -> None:
-    from streams.cli.args import add_kafka, add_observe_arguments, add_tokenize
-
-    replay = commands.add_parser(
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
         "replay",
         help="build a new dataset version from the stored completions (nothing regenerated)",
     )
-    add_kafka(replay)
-    add_tokenize(replay)
-    add_observe_arguments(replay)
-    replay.set_defaults(handler=cmd_replay)
+    add_tokenize_flags(parser)
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_tokenize(args, check)

@@ -8,16 +8,31 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from compose.process import ManagedProcess
-from compose.stack import LocalStack
+import orjson
+
 from sinks.shards import ShardStore
-from streams.cli.args import policy_flags, policy_from_args
+from streams.cli.flags import add_flags, build
+from streams.cli.publish import source_specs
 from streams.core.errors import CliError
 from streams.core.records import POLICY_PREFIX, is_policy_drop
-from streams.core.settings import KafkaSettings, StorageSettings
+from streams.core.settings import (
+    GenerateSettings,
+    KafkaSettings,
+    ObserveSettings,
+    OnceSettings,
+    PublishSettings,
+    RunSettings,
+    StorageSettings,
+    TokenizeSettings,
+    secrets_removed,
+)
 from streams.core.turns import finished
 from streams.ops.progress import DatasetFigures, DeadLetterReader, DeadLetterTally, dataset_figures
+
+if TYPE_CHECKING:  # compose is imported when `run` runs, not when the parser is built
+    from compose.process import ManagedProcess
 
 
 class RunFailed(Exception):
@@ -28,34 +43,6 @@ def bundled_tokenizer_dir() -> Path:
     import compose
 
     return Path(compose.__file__).parent / "assets" / "qwen36-tiny"
-
-
-def _generate_flags(args: argparse.Namespace) -> list[str]:
-    flags = [
-        "--concurrency",
-        str(args.concurrency),
-        "--temperature",
-        str(args.temperature),
-        "--top-p",
-        str(args.top_p),
-        "--max-tokens",
-        str(args.max_tokens),
-        "--max-attempts",
-        str(args.max_attempts),
-        "--request-timeout",
-        str(args.request_timeout),
-    ]
-    for flag, value in (("--seed", args.seed), ("--model", args.model), ("--family", args.family)):
-        if value is not None:
-            flags += [flag, str(value)]
-    if args.no_thinking:
-        flags.append("--no-thinking")
-    return flags
-
-
-def _tokenize_flags(args: argparse.Namespace) -> list[str]:
-    flags = policy_flags(policy_from_args(args))
-    return [*flags, "--no-drift"] if args.no_drift else flags
 
 
 @dataclass
@@ -105,84 +92,89 @@ async def wait_until_done(
         await reader.close()
 
 
+# what `run` lets the user set of its tokenize worker (the rest is decided by `run`)
+TOKENIZE_FLAGS = ("measure_drift", "policy")
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser("run", help="the whole pipeline in one command")
+    parser.add_argument("sources", nargs="*", help="prompt sources (default: the bundled samples)")
+    add_flags(parser, RunSettings)
+    add_flags(parser, KafkaSettings)
+    add_flags(parser, PublishSettings, only=["limit", "regen"])
+    add_flags(parser, GenerateSettings, skip=["server", "kafka", "instance_id"])
+    add_flags(parser, TokenizeSettings, only=TOKENIZE_FLAGS)
+    parser.set_defaults(handler=run_pipeline)
+
+
+def write_settings(workdir: Path, name: str, **sections: Any) -> Path:
+    """A worker's settings as a file it is started with (`--settings`); secrets stay in the
+    environment the worker inherits."""
+    path = workdir / "settings" / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    values = {key: secrets_removed(value) for key, value in sections.items()}
+    path.write_bytes(orjson.dumps(values, option=orjson.OPT_INDENT_2))
+    return path
+
+
 def run_pipeline(args: argparse.Namespace) -> int:
+    from compose.stack import LocalStack
     from producers.publish import publish
-    from producers.sources import bundled_sample_path, parse_source_spec
     from streams.tokenize.loading import load_tokenizer
 
-    workdir = Path(args.workdir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")).resolve()
-    out = args.out or str(workdir / "out")
-    tokenizer = str(args.tokenizer or bundled_tokenizer_dir())
+    settings = build(RunSettings, args)
+    publishing = build(PublishSettings, args)
+    workdir = Path(settings.workdir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    out = settings.out or str(workdir / "out")
+    tokenizer = str(settings.tokenizer or bundled_tokenizer_dir())
     load_tokenizer(tokenizer)  # refuse to start on a bad tokenizer directory, before any service
-    try:
-        specs = [parse_source_spec(s) for s in (args.sources or [str(bundled_sample_path())])]
-    except ValueError as err:
-        raise CliError(str(err)) from None
-    storage = StorageSettings.from_env(out)
+    specs = source_specs(args.sources)
+    storage = StorageSettings(out=out)
     stack = LocalStack(workdir)
     try:
-        bootstrap = args.bootstrap or stack.start_kafka()
-        servers = args.server or [
+        bootstrap = getattr(args, "bootstrap", None) or stack.start_kafka()
+        servers = settings.server_urls or [
             stack.start_emulator(
                 tokenizer,
                 "--tokens-per-s",
-                str(args.emulator_tokens_per_s),
+                str(settings.emulator_tokens_per_s),
                 "--seed",
                 str(index),
                 name=f"emulator-{index}",
             )
-            for index in range(args.servers)
+            for index in range(settings.servers)
         ]
-        kafka = KafkaSettings.from_env(bootstrap, args.topic_prefix, args.partitions)
+        kafka = build(KafkaSettings, args, bootstrap=bootstrap)
         summary = asyncio.run(
-            publish(kafka, specs, args.limit, storage.storage_options(), regen=args.regen)
+            publish(
+                kafka, specs, publishing.limit, storage.storage_options(), regen=publishing.regen
+            )
         )
         print(summary.line())
-        common = [
-            "--bootstrap",
-            bootstrap,
-            "--topic-prefix",
-            args.topic_prefix,
-            "--partitions",
-            str(args.partitions),
-        ]
-        log_level = ["--log-level", args.log_level]
-        workers = [
-            stack.start_worker(
-                f"generate-{index}",
-                [
-                    *log_level,
-                    "worker",
-                    "generate",
-                    "--server",
-                    server,
-                    *common,
-                    *_generate_flags(args),
-                ],
-            )
-            for index, server in enumerate(servers)
-        ]
-        workers.append(
-            stack.start_worker(
-                "tokenize",
-                [
-                    *log_level,
-                    "worker",
-                    "tokenize",
-                    "--tokenizer",
-                    tokenizer,
-                    "--out",
-                    out,
-                    "--dataset",
-                    args.dataset,
-                    "--idle-flush",
-                    "2",
-                    *_tokenize_flags(args),
-                    *common,
-                ],
-            )
+
+        def start(name: str, stage: str, path: Path) -> ManagedProcess:
+            argv = ["--log-level", args.log_level, "worker", stage, "--settings", str(path)]
+            return stack.start_worker(name, argv)
+
+        workers = []
+        for index, server in enumerate(servers):
+            name = f"generate-{index}"
+            generate = build(GenerateSettings, args, server=server, kafka=kafka)
+            path = write_settings(workdir, name, generate=generate, once=OnceSettings())
+            workers.append(start(name, "generate", path))
+        tokenize = build(
+            TokenizeSettings,
+            args,
+            only=TOKENIZE_FLAGS,
+            tokenizer_dir=tokenizer,
+            dataset=settings.dataset,
+            storage=storage,
+            kafka=kafka,
+            idle_flush_s=settings.idle_flush_s,
         )
-        store = ShardStore(out, args.dataset, storage.storage_options())
+        path = write_settings(workdir, "tokenize", tokenize=tokenize, observe=ObserveSettings())
+        workers.append(start("tokenize", "tokenize", path))
+        store = ShardStore(out, settings.dataset, storage.storage_options())
         try:
             result = asyncio.run(
                 wait_until_done(
@@ -190,7 +182,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
                     store,
                     set(summary.prompt_ids),
                     workers,
-                    args.timeout,
+                    settings.timeout_s,
                     show_progress=sys.stderr.isatty(),
                 )
             )

@@ -36,7 +36,7 @@ def _credentials(kafka: KafkaSettings) -> faust.types.auth.CredentialsT | None:
     if kafka.sasl_mechanism:
         return faust.SASLCredentials(
             username=kafka.sasl_username,
-            password=kafka.sasl_password.value if kafka.sasl_password else None,
+            password=kafka.sasl_secret(),
             mechanism=kafka.sasl_mechanism,
             ssl_context=kafka.ssl_context(),
         )

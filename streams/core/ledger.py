@@ -20,9 +20,10 @@ from collections.abc import Iterable
 from typing import Any
 
 import orjson
-from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from streams.core.retry import Backoff, until_done
 from streams.core.settings import GENERATED, KafkaSettings
+from streams.core.topic_reader import TopicReader
 
 log = logging.getLogger(__name__)
 
@@ -56,16 +57,11 @@ def ledger_value(prompt_id: str, settings: str, server: str) -> bytes:
     )
 
 
-async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
-    await consumer._client.force_metadata_update()  # topics() caches: a new topic reads empty
-    return [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-
-
 async def read_generated(kafka: KafkaSettings) -> set[str]:
     """Every ledger key (``prompt_id@settings``) written so far."""
     follower = LedgerFollower(kafka)
-    await follower.start()
     try:
+        await follower.start()
         await follower.caught_up.wait()
         return set(follower.keys)
     finally:
@@ -79,15 +75,23 @@ def generated_prompt_ids(keys: Iterable[str]) -> set[str]:
 class LedgerFollower:
     """Reads the ledger from its start and keeps following it; `caught_up` is set once the end
     offsets seen at start are reached. `settings` restricts the kept keys to one hash (a worker
-    only asks about its own settings), which bounds memory to one id per generated prompt."""
+    only asks about its own settings), which bounds memory to one id per generated prompt.
+    A broker outage while following is waited out with `backoff`; the keys read are kept."""
 
-    def __init__(self, kafka: KafkaSettings, settings: str | None = None, poll_ms: int = 200):
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        settings: str | None = None,
+        poll_ms: int = 200,
+        backoff: Backoff | None = None,
+    ):
         self.kafka = kafka
         self.settings = settings
         self.poll_ms = poll_ms
+        self.backoff = backoff or Backoff(initial_s=1.0, max_s=30.0)
         self.keys: set[str] = set()
         self.caught_up = asyncio.Event()
-        self._consumer: AIOKafkaConsumer | None = None
+        self._reader = TopicReader(kafka, kafka.topic(GENERATED))
         self._task: asyncio.Task[None] | None = None
 
     def contains(self, prompt_id: str, settings: str) -> bool:
@@ -98,54 +102,30 @@ class LedgerFollower:
         self.keys.add(ledger_key(prompt_id, settings))
 
     async def start(self) -> None:
-        consumer = AIOKafkaConsumer(
-            **self.kafka.aiokafka_kwargs(), group_id=None, enable_auto_commit=False
-        )
-        await consumer.start()
-        self._consumer = consumer
-        partitions = await _partitions(consumer, self.kafka.topic(GENERATED))
-        if not partitions:
-            self.caught_up.set()
+        if not await self._reader.open():
+            self.caught_up.set()  # no ledger topic: nothing was generated
             return
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        ends = await consumer.end_offsets(partitions)
-        self._task = asyncio.create_task(self._follow(consumer, ends))
+        self._task = asyncio.create_task(self._follow())
 
     async def stop(self) -> None:
         if self._task:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self._consumer:
-            await self._consumer.stop()
+        await self._reader.close()
 
-    async def _follow(self, consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) -> None:
-        behind = {tp: end for tp, end in ends.items() if end > 0}
-        if not behind:
-            self.caught_up.set()
+    async def _follow(self) -> None:
         while True:
-            try:
-                batches = await consumer.getmany(timeout_ms=self.poll_ms)
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:  # a broker outage: keep the set, try again
-                log.warning("reading the generated ledger failed (%s); retrying", err)
-                await asyncio.sleep(1.0)
-                continue
-            for tp, records in batches.items():
-                for record in records:
-                    self._take(record.key)
-                if tp in behind and records and records[-1].offset + 1 >= behind[tp]:
-                    del behind[tp]
-            if behind and not self.caught_up.is_set():
-                # compaction may leave the last offsets empty: trust the position, not records
-                for tp in list(behind):
-                    if await consumer.position(tp) >= behind[tp]:
-                        del behind[tp]
-            if not behind and not self.caught_up.is_set():
-                log.info("generated ledger read: %d entries", len(self.keys))
-                self.caught_up.set()
+            for record in await until_done(
+                "reading the generated ledger", self._next, self.backoff, log
+            ):
+                self._take(record.key)
+
+    async def _next(self) -> list[Any]:
+        if not self.caught_up.is_set() and await self._reader.caught_up():
+            log.info("generated ledger read: %d entries", len(self.keys))
+            self.caught_up.set()
+        return await self._reader.read(timeout_ms=self.poll_ms)
 
     def _take(self, key: bytes | None) -> None:
         if not key:

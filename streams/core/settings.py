@@ -1,11 +1,19 @@
-"""Typed settings, one object per component. Secrets come from the environment, never from flags."""
+"""Every setting of the pipeline, declared once.
+
+Each field says its default, its range, its command-line flag (`flag=`) and its environment
+name (`DRAFTGEN_` + the field name unless `env=` says otherwise); the command line derives its
+flags from these classes (streams/cli/flags.py) and `draftgen run` hands whole settings objects
+to the workers it starts. Secrets are `SecretStr`: they come from the environment only, print as
+`**********` and are left out when settings are written for a child process.
+"""
 
 from __future__ import annotations
 
-import os
 import ssl
-from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROMPTS = "prompts"
 COMPLETIONS = "completions"
@@ -16,68 +24,88 @@ WORKER_STATS = "worker-stats"
 # compacted: one record per (prompt_id, generation settings) generated (streams/core/ledger.py)
 GENERATED = "generated"
 
-
-def _env(name: str) -> str | None:
-    value = os.environ.get(name)
-    return value if value else None
-
-
-@dataclass(frozen=True)
-class Secret:
-    """A value that prints as *** so it can never reach a log line or an error message."""
-
-    value: str = field(repr=False)
-
-    def __repr__(self) -> str:
-        return "Secret('***')"
-
-    __str__ = __repr__
+Family = Literal["kimi_k2", "qwen3", "generic"]
+KeepOrDrop = Literal["drop", "keep"]
+OverLength = Literal["drop", "truncate"]
+RegenMode = Literal["final", "every-turn"]
 
 
-@dataclass(frozen=True)
-class KafkaSettings:
-    bootstrap: str = "127.0.0.1:9092"
+def setting(
+    default: Any = ...,
+    *,
+    flag: str | None = None,
+    help: str | None = None,
+    env: tuple[str, ...] = (),
+    default_factory: Any = None,
+    nargs: str | None = None,
+    const: Any = None,
+    metavar: str | None = None,
+    **constraints: Any,
+) -> Any:
+    """A settings field: `flag` is its command-line option (a `--no-x` flag sets a bool to False),
+    `env` its environment names when they differ from `DRAFTGEN_<FIELD>`."""
+    cli = {"flag": flag, "help": help, "nargs": nargs, "const": const, "metavar": metavar}
+    extra = {k: v for k, v in cli.items() if v is not None}
+    if env:
+        constraints["validation_alias"] = AliasChoices(*env)
+    if default_factory is not None:
+        return Field(default_factory=default_factory, json_schema_extra=extra, **constraints)
+    return Field(default, json_schema_extra=extra, **constraints)
+
+
+class Settings(BaseSettings):
+    """Base of every settings class: `DRAFTGEN_` environment names, immutable, strict keys."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="DRAFTGEN_",
+        frozen=True,
+        extra="forbid",
+        populate_by_name=True,
+        # An empty variable means "not set", as in the rest of the shell world.
+        env_ignore_empty=True,
+    )
+
+
+class KafkaSettings(Settings):
+    model_config = SettingsConfigDict(env_prefix="DRAFTGEN_KAFKA_")
+
+    bootstrap: str = setting(
+        flag="--bootstrap",
+        help="Kafka bootstrap servers host:port[,host:port]",
+        env=("DRAFTGEN_BOOTSTRAP",),
+    )
     # Lets several pipelines (and tests) share one broker without sharing topics or groups.
-    topic_prefix: str = ""
-    partitions: int = 64
+    topic_prefix: str = setting("", flag="--topic-prefix", help="prefix for topic and group names")
+    partitions: int = setting(
+        64, flag="--partitions", help="partitions for topics this command creates", gt=0
+    )
     security_protocol: str = "PLAINTEXT"
     sasl_mechanism: str | None = None
     sasl_username: str | None = None
-    sasl_password: Secret | None = None
+    sasl_password: SecretStr | None = None
     ssl_cafile: str | None = None
-    max_message_bytes: int = 8 * 1024 * 1024
-    # Group liveness: a crashed consumer's partitions move after the session timeout; a
-    # generation may take minutes, so the poll interval is long (faust default: 300 s).
-    session_timeout_s: float = 60.0
-    rebalance_timeout_s: float = 60.0
-    heartbeat_interval_s: float = 3.0
-    max_poll_interval_s: float = 1000.0
+    max_message_bytes: int = setting(8 * 1024 * 1024, gt=0)
+    # Group liveness: a crashed consumer's partitions move after the session timeout.
+    session_timeout_s: float = setting(60.0, gt=0)
+    # a generation may take minutes, so the poll interval is long (faust default: 300 s)
+    max_poll_interval_s: float = setting(1000.0, gt=0)
 
-    @classmethod
-    def from_env(
-        cls, bootstrap: str, topic_prefix: str = "", partitions: int = 64
-    ) -> KafkaSettings:
-        password = _env("DRAFTGEN_KAFKA_SASL_PASSWORD")
-        session = float(_env("DRAFTGEN_KAFKA_SESSION_TIMEOUT_S") or 60.0)
-        return cls(
-            session_timeout_s=session,
-            rebalance_timeout_s=session,
-            heartbeat_interval_s=max(1.0, session / 10),
-            bootstrap=bootstrap,
-            topic_prefix=topic_prefix,
-            partitions=partitions,
-            security_protocol=_env("DRAFTGEN_KAFKA_SECURITY_PROTOCOL") or "PLAINTEXT",
-            sasl_mechanism=_env("DRAFTGEN_KAFKA_SASL_MECHANISM"),
-            sasl_username=_env("DRAFTGEN_KAFKA_SASL_USERNAME"),
-            sasl_password=Secret(password) if password else None,
-            ssl_cafile=_env("DRAFTGEN_KAFKA_SSL_CAFILE"),
-        )
+    @property
+    def rebalance_timeout_s(self) -> float:
+        return self.session_timeout_s
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        return max(1.0, self.session_timeout_s / 10)
 
     def topic(self, name: str) -> str:
         return f"{self.topic_prefix}{name}"
 
     def group(self, name: str) -> str:
         return f"{self.topic_prefix}{name}"
+
+    def sasl_secret(self) -> str | None:
+        return self.sasl_password.get_secret_value() if self.sasl_password else None
 
     def ssl_context(self) -> ssl.SSLContext | None:
         if "SSL" not in self.security_protocol:
@@ -95,39 +123,34 @@ class KafkaSettings:
         if self.sasl_mechanism:
             kwargs["sasl_mechanism"] = self.sasl_mechanism
             kwargs["sasl_plain_username"] = self.sasl_username
-            kwargs["sasl_plain_password"] = self.sasl_password.value if self.sasl_password else None
+            kwargs["sasl_plain_password"] = self.sasl_secret()
         return kwargs
 
 
-@dataclass(frozen=True)
-class StorageSettings:
+class StorageSettings(Settings):
     """Where shards go: a local path or any fsspec URL (s3://bucket/prefix)."""
 
-    out: str
-    s3_endpoint_url: str | None = None
-    s3_access_key: Secret | None = None
-    s3_secret_key: Secret | None = None
-    s3_region: str | None = None
-
-    @classmethod
-    def from_env(cls, out: str) -> StorageSettings:
-        access = _env("DRAFTGEN_S3_ACCESS_KEY") or _env("AWS_ACCESS_KEY_ID")
-        secret = _env("DRAFTGEN_S3_SECRET_KEY") or _env("AWS_SECRET_ACCESS_KEY")
-        return cls(
-            out=out,
-            s3_endpoint_url=_env("DRAFTGEN_S3_ENDPOINT_URL") or _env("AWS_ENDPOINT_URL"),
-            s3_access_key=Secret(access) if access else None,
-            s3_secret_key=Secret(secret) if secret else None,
-            s3_region=_env("AWS_REGION") or _env("AWS_DEFAULT_REGION"),
-        )
+    out: str = setting(
+        flag="--out", help="output root: a local path, file:// or s3://bucket/prefix"
+    )
+    s3_endpoint_url: str | None = setting(
+        None, env=("DRAFTGEN_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL")
+    )
+    s3_access_key: SecretStr | None = setting(
+        None, env=("DRAFTGEN_S3_ACCESS_KEY", "AWS_ACCESS_KEY_ID")
+    )
+    s3_secret_key: SecretStr | None = setting(
+        None, env=("DRAFTGEN_S3_SECRET_KEY", "AWS_SECRET_ACCESS_KEY")
+    )
+    s3_region: str | None = setting(None, env=("AWS_REGION", "AWS_DEFAULT_REGION"))
 
     def storage_options(self) -> dict[str, Any]:
         if not self.out.startswith(("s3://", "s3a://")):
             return {}
         options: dict[str, Any] = {}
         if self.s3_access_key and self.s3_secret_key:
-            options["key"] = self.s3_access_key.value
-            options["secret"] = self.s3_secret_key.value
+            options["key"] = self.s3_access_key.get_secret_value()
+            options["secret"] = self.s3_secret_key.get_secret_value()
         client_kwargs: dict[str, Any] = {}
         if self.s3_endpoint_url:
             client_kwargs["endpoint_url"] = self.s3_endpoint_url
@@ -140,82 +163,306 @@ class StorageSettings:
         return options
 
 
-@dataclass(frozen=True)
-class SamplingSettings:
-    temperature: float = 1.0
-    top_p: float = 0.95
-    max_tokens: int = 8192
-    seed: int | None = None
+class SamplingSettings(Settings):
+    temperature: float = setting(1.0, flag="--temperature", ge=0)
+    top_p: float = setting(0.95, flag="--top-p", gt=0, le=1)
+    max_tokens: int = setting(8192, flag="--max-tokens", gt=0)
+    seed: int | None = setting(None, flag="--seed")
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if v is not None}
+        return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
-KeepOrDrop = Literal["drop", "keep"]
-OverLength = Literal["drop", "truncate"]
+class SamplePolicy(Settings):
+    """What the tokenize stage keeps (streams/tokenize/policies.py); drops become dead letters."""
+
+    length: KeepOrDrop = setting(
+        "drop", flag="--on-length", help="outputs cut by max tokens, finish_reason=length"
+    )
+    unclosed_think: KeepOrDrop = setting(
+        "drop", flag="--on-unclosed-think", help="outputs that never closed </think>: all reasoning"
+    )
+    empty_answer: KeepOrDrop = setting(
+        "drop", flag="--on-empty-answer", help="outputs without content or tool calls"
+    )
+    max_seq_len: int | None = setting(
+        None,
+        flag="--max-seq-len",
+        help="longest sample in tokens, prompt included (default: no limit)",
+        gt=0,
+    )
+    over_max_seq_len: OverLength = setting(
+        "drop", flag="--on-max-seq-len", help="samples longer than --max-seq-len"
+    )
+    min_loss_run: int = setting(
+        2,
+        flag="--min-loss-run",
+        help="fewest consecutive supervised tokens a sample needs",
+        gt=0,
+    )
 
 
-@dataclass(frozen=True)
-class SamplePolicy:
-    length: KeepOrDrop = "drop"
-    unclosed_think: KeepOrDrop = "drop"
-    empty_answer: KeepOrDrop = "drop"
-    # None: no limit
-    max_seq_len: int | None = None
-    over_max_seq_len: OverLength = "drop"
-    # longest run of supervised tokens a sample must have
-    min_loss_run: int = 2
+class RetrySettings(Settings):
+    """Backoff of every outage loop (streams/core/retry.py)."""
+
+    model_config = SettingsConfigDict(env_prefix="DRAFTGEN_RETRY_")
+
+    initial_s: float = setting(1.0, gt=0)
+    max_s: float = setting(60.0, gt=0)
+    jitter: float = setting(0.5, ge=0, lt=1)
 
 
-@dataclass(frozen=True)
-class GenerateSettings:
-    server: str
-    kafka: KafkaSettings
-    concurrency: int = 32
-    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+class GenerateSettings(Settings):
+    server: str = setting(flag="--server", help="the SGLang server's base URL")
+    kafka: KafkaSettings = setting(default_factory=lambda: KafkaSettings())
+    concurrency: int = setting(
+        32, flag="--concurrency", help="requests kept in flight against the server", gt=0
+    )
+    sampling: SamplingSettings = setting(default_factory=lambda: SamplingSettings())
     # None: ask the server which model it serves
-    model: str | None = None
+    model: str | None = setting(
+        None, flag="--model", help="served model name (default: ask the server)"
+    )
     # family name whose thinking kwarg is sent; None: detect from the model name
-    family: str | None = None
-    thinking: bool = True
+    family: Family | None = setting(
+        None,
+        flag="--family",
+        help="model family for the thinking kwarg (default: from the model name)",
+    )
+    thinking: bool = setting(True, flag="--no-thinking", help="generate with thinking off")
     return_token_ids: bool = True
-    api_key: Secret | None = None
-    request_timeout_s: float = 1800.0
-    max_attempts: int = 5
-    backoff_initial_s: float = 1.0
-    backoff_max_s: float = 60.0
-    health_interval_s: float = 2.0
+    api_key: SecretStr | None = setting(None, env=("DRAFTGEN_API_KEY", "OPENAI_API_KEY"))
+    request_timeout_s: float = setting(1800.0, flag="--request-timeout", gt=0)
+    max_attempts: int = setting(
+        5, flag="--max-attempts", help="attempts for transient errors before a dead letter", gt=0
+    )
+    backoff_initial_s: float = setting(1.0, gt=0)
+    backoff_max_s: float = setting(60.0, gt=0)
+    # longest gap between two health probes of a server that is down
+    health_interval_s: float = setting(2.0, gt=0)
     # static membership: a restart with the same id does not rebalance the group
-    instance_id: str | None = None
+    instance_id: str | None = setting(
+        None,
+        flag="--instance-id",
+        help="static group membership id: a restart does not rebalance",
+    )
 
 
-@dataclass(frozen=True)
-class TokenizeSettings:
-    tokenizer_dir: str
-    dataset: str
+class OnceSettings(Settings):
+    """Each prompt once per generation settings (the `generated` ledger), and work stealing."""
+
+    ledger: bool = setting(
+        True,
+        flag="--no-ledger",
+        help="do not consult or write the `generated` ledger (generate every prompt received)",
+    )
+    # seconds without own prompts before stealing from others' backlogs; 0: never steal
+    steal_after_s: float = setting(
+        0.0,
+        flag="--steal-after",
+        help="after S seconds without own prompts, take prompts from the tail of other "
+        "workers' backlogs (0: never)",
+        ge=0,
+    )
+    # never steal the owner's next `steal_margin` prompts (its prefetch and in-flight window)
+    steal_margin: int = setting(
+        8,
+        flag="--steal-margin",
+        help="leave the next N prompts of each partition to its owner",
+        ge=0,
+    )
+    # prompts taken per steal; 0: the worker's concurrency
+    steal_batch: int = setting(
+        0, flag="--steal-batch", help="prompts per steal (0: --concurrency)", ge=0
+    )
+
+
+class TokenizeSettings(Settings):
+    tokenizer_dir: str = setting(flag="--tokenizer", help="the target's tokenizer directory")
+    dataset: str = setting(flag="--dataset", help="dataset version name")
     storage: StorageSettings
-    kafka: KafkaSettings
-    family: str | None = None
-    chat_template_file: str | None = None
-    token_source: str = "server"  # preferred source when the server's ids exist
-    shard_max_records: int = 2000
-    shard_max_tokens: int = 8_000_000
-    idle_flush_s: float = 10.0
+    kafka: KafkaSettings = setting(default_factory=lambda: KafkaSettings())
+    family: Family | None = setting(
+        None,
+        flag="--family",
+        help="model family (default: detected from the tokenizer's template)",
+    )
+    chat_template_file: str | None = setting(
+        None, flag="--chat-template", help="a .jinja file overriding the template"
+    )
+    # preferred source when the server's ids exist
+    token_source: Literal["server", "rendered"] = setting(
+        "server",
+        flag="--token-source",
+        help="which ids to store when the server returned its own",
+    )
+    shard_max_records: int = setting(2000, flag="--shard-records", gt=0)
+    shard_max_tokens: int = setting(8_000_000, flag="--shard-tokens", gt=0)
+    idle_flush_s: float = setting(
+        10.0, flag="--idle-flush", help="seconds before an idle partition's open shard is written"
+    )
     # group per dataset version; None: derived from the dataset name
     group_id: str | None = None
     from_beginning: bool = True
     # compare server ids with the rendering (costs a render + encode per server sample)
-    measure_drift: bool = True
-    policy: SamplePolicy = field(default_factory=SamplePolicy)
+    measure_drift: bool = setting(
+        True,
+        flag="--no-drift",
+        help="do not compare server ids with the rendering (saves a render + encode per sample)",
+    )
+    policy: SamplePolicy = setting(default_factory=lambda: SamplePolicy())
 
     @property
     def consumer_group(self) -> str:
         return self.kafka.group(self.group_id or f"draftgen-tokenize-{self.dataset}")
 
 
-@dataclass(frozen=True)
-class ObserveSettings:
-    metrics_port: int | None = None  # None: no /metrics endpoint; 0: a free port
-    metrics_host: str = "127.0.0.1"
-    heartbeat_s: float = 5.0  # 0: no heartbeats (the worker is then invisible to `status`)
-    rate_window_s: float = 30.0
+class ObserveSettings(Settings):
+    """Worker metrics and heartbeats."""
+
+    # None: no /metrics endpoint; 0: a free port
+    metrics_port: int | None = setting(
+        None,
+        flag="--metrics-port",
+        help="serve Prometheus /metrics on this port (0: a free one; default: off)",
+        ge=0,
+        le=65535,
+    )
+    metrics_host: str = setting(
+        "127.0.0.1",
+        flag="--metrics-host",
+        help="address /metrics binds to (0.0.0.0 for a scraper elsewhere)",
+    )
+    # 0: no heartbeats (the worker is then invisible to `status`)
+    heartbeat_s: float = setting(
+        5.0,
+        flag="--heartbeat-interval",
+        help="seconds between heartbeats to the worker-stats topic (0: none)",
+        ge=0,
+    )
+    rate_window_s: float = setting(30.0, gt=0)
+
+
+class PublishSettings(Settings):
+    limit: int | None = setting(
+        None, flag="--limit", help="publish at most this many prompts", gt=0
+    )
+    progress: bool = setting(True, flag="--no-progress", help="no progress bar")
+    regenerate: bool = setting(
+        False,
+        flag="--regenerate",
+        help="publish and generate prompts even if the `generated` ledger has them",
+    )
+    regen: RegenMode = setting(
+        "final",
+        flag="--regen",
+        help="final: answer the last turn; every-turn: regenerate each assistant turn of "
+        "conversations without tool results, one sample per turn",
+    )
+
+
+def secrets_removed(settings: BaseModel) -> dict[str, Any]:
+    """The settings as JSON-able values without their secrets (a child reads those from its
+    environment, as its parent did)."""
+    values: dict[str, Any] = {}
+    for name in type(settings).model_fields:
+        value = getattr(settings, name)
+        if isinstance(value, SecretStr):
+            continue
+        values[name] = secrets_removed(value) if isinstance(value, BaseModel) else value
+    return values
+
+
+class LogSettings(Settings):
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = setting(
+        "WARNING", flag="--log-level", env=("DRAFTGEN_LOG_LEVEL",)
+    )
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _any_case(cls, level: object) -> object:
+        return level.upper() if isinstance(level, str) else level
+
+
+class RunSettings(Settings):
+    """`draftgen run`: what to start when it is not given."""
+
+    server_urls: list[str] = setting(
+        default_factory=list,
+        flag="--server",
+        help="an SGLang server URL, repeatable (default: start emulated servers)",
+    )
+    servers: int = setting(
+        2, flag="--servers", help="how many emulated servers to start when no --server", gt=0
+    )
+    out: str | None = setting(None, flag="--out", help="output root (default: runs/<time>/out)")
+    dataset: str = setting("sample", flag="--dataset", help="dataset version name")
+    tokenizer: str | None = setting(
+        None,
+        flag="--tokenizer",
+        help="tokenizer directory (default: the bundled tiny Qwen3.6-format one)",
+    )
+    workdir: str | None = setting(
+        None, flag="--workdir", help="logs and local services (default runs/<time>)"
+    )
+    timeout_s: float = setting(
+        3600.0, flag="--timeout", help="give up if not done after this many seconds", gt=0
+    )
+    emulator_tokens_per_s: float = setting(
+        2000.0,
+        flag="--emulator-tokens-per-s",
+        help="decode speed of emulated servers, per request",
+        gt=0,
+    )
+    idle_flush_s: float = setting(2.0, gt=0)
+
+
+class StatusSettings(Settings):
+    """`draftgen status`."""
+
+    kafka: KafkaSettings = setting(default_factory=lambda: KafkaSettings())
+    out: str | None = setting(
+        None, flag="--out", help="output root of the dataset versions (for samples and tokens)"
+    )
+    datasets: list[str] = setting(
+        default_factory=list,
+        flag="--dataset",
+        help="a dataset version, repeatable (default: every one found under --out)",
+    )
+    watch_s: float | None = setting(
+        None,
+        flag="--watch",
+        help="refresh every SECONDS (default 5) until interrupted",
+        nargs="?",
+        const=5.0,
+        metavar="SECONDS",
+        gt=0,
+    )
+    as_json: bool = setting(False, flag="--json", help="one JSON object (a line per refresh)")
+
+    @field_validator("datasets")
+    @classmethod
+    def _once_each(cls, datasets: list[str]) -> list[str]:
+        return list(dict.fromkeys(datasets))
+
+    @model_validator(mode="after")
+    def _datasets_need_out(self) -> StatusSettings:
+        if self.datasets and not self.out:
+            raise ValueError("--dataset needs --out (where the dataset versions are)")
+        return self
+
+    @property
+    def storage(self) -> StorageSettings | None:
+        return StorageSettings(out=self.out) if self.out else None
+
+
+class DeadLetterSelection(Settings):
+    """`draftgen dead-letters`."""
+
+    stage: Literal["publish", "generate", "tokenize"] | None = setting(None, flag="--stage")
+    kind: str | None = setting(None, flag="--kind", help="reason kind, a glob (e.g. 'http_*')")
+    republish: bool = setting(
+        False,
+        flag="--republish",
+        help="send the selected letters' payloads back to their stage's input topic",
+    )

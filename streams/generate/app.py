@@ -17,9 +17,10 @@ from streams.core.settings import (
     PROMPTS,
     GenerateSettings,
     ObserveSettings,
+    OnceSettings,
 )
 from streams.generate.client import SGLangClient
-from streams.generate.once import OnceGenerateWorker, OnceSettings
+from streams.generate.once import OnceGenerateWorker
 from streams.generate.steal import Stealer
 from streams.generate.worker import GenerateStats, GenerateWorker
 from streams.ops.metrics import Figures, GenerateMetrics
@@ -35,6 +36,8 @@ def generate_figures(stats: GenerateStats, requests: int) -> Figures:
             "retries": stats.retries,
             "output_tokens": stats.output_tokens,
             "errors": sum(stats.errors.values()),
+            "skipped": stats.skipped,
+            "stolen": stats.stolen,
         },
         gauges={"in_flight": stats.in_flight, "paused": 1.0 if stats.paused else 0.0},
         errors=dict(stats.errors),

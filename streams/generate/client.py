@@ -91,7 +91,7 @@ class SGLangClient:
         )
         self._openai = openai.AsyncOpenAI(
             base_url=f"{self.base_url}/v1",
-            api_key=settings.api_key.value if settings.api_key else "EMPTY",
+            api_key=settings.api_key.get_secret_value() if settings.api_key else "EMPTY",
             http_client=self._http,
             max_retries=0,  # retries are ours: they must know about pauses and attempt budgets
             timeout=settings.request_timeout_s,

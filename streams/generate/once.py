@@ -15,14 +15,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any
 
 import orjson
 
 from streams.core.faust_app import Event, Send
 from streams.core.ledger import REGENERATE, LedgerFollower, ledger_key, ledger_value, settings_hash
-from streams.core.settings import GenerateSettings
+from streams.core.settings import GenerateSettings, OnceSettings
 from streams.core.turns import FINAL
 from streams.generate.client import SGLangClient
 from streams.generate.worker import GenerateWorker
@@ -30,17 +28,6 @@ from streams.generate.worker import GenerateWorker
 log = logging.getLogger(__name__)
 
 Output = tuple[str, bytes, bytes]
-
-
-@dataclass(frozen=True)
-class OnceSettings:
-    ledger: bool = True
-    # seconds without own prompts before stealing from others' backlogs; 0: never steal
-    steal_after_s: float = 0.0
-    # never steal the owner's next `steal_margin` prompts (its prefetch and in-flight window)
-    steal_margin: int = 8
-    # prompts taken per steal; 0: the worker's concurrency
-    steal_batch: int = 0
 
 
 def prompt_mode(value: bytes) -> tuple[str, bool]:
@@ -69,9 +56,7 @@ class OnceGenerateWorker(GenerateWorker):
         super().__init__(settings, client, send, completions_topic, dead_letters_topic)
         self.once = once
         self.ledger_topic = ledger_topic
-        self.ledger = LedgerFollower(settings.kafka)
-        self.skipped = 0  # prompts acked without a request: already generated
-        self.stolen = 0  # prompts generated from other workers' partitions
+        self.ledger = LedgerFollower(settings.kafka, backoff=self.backoff)
         self.last_busy = time.monotonic()
         self._running: dict[str, asyncio.Future[None]] = {}
 
@@ -115,7 +100,7 @@ class OnceGenerateWorker(GenerateWorker):
         while (running := self._running.get(prompt_id)) is not None:
             await asyncio.shield(running)
         if not regenerate and self.ledger.contains(prompt_id, settings):
-            self.skipped += 1
+            self.stats.skipped += 1
             return False
         done = asyncio.get_running_loop().create_future()
         self._running[prompt_id] = done
@@ -144,7 +129,7 @@ class OnceGenerateWorker(GenerateWorker):
 
         async def one(key: bytes, value: bytes) -> bool:
             await self._slots.acquire()
-            self.stats.in_flight += 1
+            self._started_one()
             try:
                 return await self._generate_and_record(key, value, keep_dead_letters=False)
             except asyncio.CancelledError:
@@ -153,13 +138,13 @@ class OnceGenerateWorker(GenerateWorker):
                 log.exception("a stolen prompt failed; its owner will generate it")
                 return False
             finally:
-                self.stats.in_flight -= 1
+                self._finished_one()
                 self._slots.release()
 
         await self._server_up.wait()
         results = await asyncio.gather(*(one(k, v) for k, v in records))
         done = sum(results)
-        self.stolen += done
+        self.stats.stolen += done
         return done
 
     def idle_for(self) -> float:
@@ -167,40 +152,11 @@ class OnceGenerateWorker(GenerateWorker):
             return 0.0
         return time.monotonic() - self.last_busy
 
-    def stats_extra(self) -> dict[str, Any]:
-        return {"skipped": self.skipped, "stolen": self.stolen}
-
-
-def add_once_arguments(parser: Any) -> None:
-    """Flags of `draftgen worker generate` for the ledger and work stealing."""
-    parser.add_argument(
-        "--no-ledger",
-        action="store_true",
-        help="do not consult or write the `generated` ledger (generate every prompt received)",
-    )
-    parser.add_argument(
-        "--steal-after",
-        type=float,
-        default=0.0,
-        metavar="S",
-        help="after S seconds without own prompts, take prompts from the tail of other "
-        "workers' backlogs (0: never, the default)",
-    )
-    parser.add_argument(
-        "--steal-margin",
-        type=int,
-        default=8,
-        help="leave the next N prompts of each partition to its owner (default 8)",
-    )
-    parser.add_argument(
-        "--steal-batch", type=int, default=0, help="prompts per steal (default: --concurrency)"
-    )
-
-
-def once_from_args(args: Any) -> OnceSettings:
-    return OnceSettings(
-        ledger=not args.no_ledger,
-        steal_after_s=args.steal_after,
-        steal_margin=args.steal_margin,
-        steal_batch=args.steal_batch,
-    )
+    async def wait_idle(self, seconds: float) -> None:
+        """Return once the worker has had no prompt of its own for `seconds`: awaits the end
+        of the work in flight, then a timer to the moment it will have been idle long enough."""
+        while (remaining := seconds - self.idle_for()) > 0:
+            if self.stats.in_flight:
+                await self._nothing_in_flight.wait()
+            else:
+                await asyncio.sleep(remaining)

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from streams.core.retry import Backoff, short_error
 from streams.core.settings import KafkaSettings
 from streams.generate.once import OnceGenerateWorker
 
@@ -37,14 +38,16 @@ class Stealer:
         topic: str,
         group: str,
         owned: Callable[[], set[int]],
-        poll_s: float = 0.5,
+        backoff: Backoff | None = None,
     ):
         self.worker = worker
         self.kafka = kafka
         self.topic = topic
         self.group = group
         self.owned = owned
-        self.poll_s = poll_s
+        # between two looks at the backlogs that found nothing to take (or failed): that
+        # usually stays so for a while, and each look is an admin call
+        self.backoff = backoff or Backoff(initial_s=0.5, max_s=10.0)
         once = worker.once
         self.margin = once.steal_margin
         self.batch = once.steal_batch or worker.settings.concurrency
@@ -57,17 +60,21 @@ class Stealer:
     async def run(self) -> None:
         try:
             await self.worker.ledger.caught_up.wait()
+            empty_handed = 0
             while True:
-                await asyncio.sleep(self.poll_s)
-                if self.worker.idle_for() < self.idle_s:
-                    continue
+                await self.worker.wait_idle(self.idle_s)
                 try:
-                    await self.steal_once()
+                    took = await self.steal_once() is not None
                 except asyncio.CancelledError:
                     raise
                 except Exception as err:  # stealing is an optimisation: never fatal
-                    log.warning("stealing failed (%s: %s)", type(err).__name__, err)
-                    await asyncio.sleep(2.0)
+                    log.warning("stealing failed (%s)", short_error(err))
+                    took = False
+                if took:
+                    empty_handed = 0
+                else:
+                    empty_handed += 1
+                    await self.backoff.sleep(empty_handed)
         finally:
             await self.close()
 
@@ -92,14 +99,15 @@ class Stealer:
             self._consumer = consumer
         return self._admin, self._consumer
 
-    async def steal_once(self) -> int:
-        """Take one chunk of someone's backlog; returns how many prompts were generated."""
+    async def steal_once(self) -> int | None:
+        """Take one chunk of someone's backlog; returns how many prompts were generated, None
+        if there was no chunk left to take."""
         admin, consumer = await self._clients()
         committed = await admin.list_consumer_group_offsets(self.group)
         mine = self.owned()
         tps = [tp for tp in committed if tp.topic == self.topic and tp.partition not in mine]
         if not tps:
-            return 0
+            return None
         ends = await consumer.end_offsets(tps)
         # chunks aligned on absolute offsets, so one taken stays recognisable
         first = {tp: _align(committed[tp].offset + self.margin, self.batch) for tp in tps}
@@ -110,7 +118,7 @@ class Stealer:
             if (tp.partition, start) not in self._taken
         ]
         if not chunks:
-            return 0
+            return None
         tp, start = random.choice(chunks)
         self._taken.add((tp.partition, start))
         records = await self._read(consumer, tp, start, min(start + self.batch, ends[tp]))

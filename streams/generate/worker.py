@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from dataclasses import dataclass, field
 from typing import Any
 
 from streams.core.faust_app import Event, Send
 from streams.core.normalize import validate_prompt_messages
 from streams.core.records import CompletionRecord, DeadLetter, PromptRecord, RecordError
+from streams.core.retry import Backoff, until_done
 from streams.core.settings import GenerateSettings
 from streams.generate import regen
 from streams.generate.client import GenerationError, SGLangClient
@@ -33,6 +33,10 @@ class GenerateStats:
     retries: int = 0
     output_tokens: int = 0
     paused: bool = False
+    # prompts acked without a request, because the ledger had them (streams/generate/once.py)
+    skipped: int = 0
+    # prompts generated from other workers' backlogs (streams/generate/steal.py)
+    stolen: int = 0
     errors: dict[str, int] = field(default_factory=dict)
 
 
@@ -52,9 +56,16 @@ class GenerateWorker:
         self.dead_letters_topic = dead_letters_topic
         self.stats = GenerateStats()
         self.window: InFlightWindow[Event] = InFlightWindow()
+        # every wait-out loop of the worker: discovery, transient request errors, Kafka writes
+        self.backoff = Backoff(settings.backoff_initial_s, settings.backoff_max_s)
+        # probes of a down server: backing off, but never more than `health_interval_s` apart,
+        # so the worker resumes soon after the server is back
+        self._probe_backoff = Backoff(settings.backoff_initial_s, settings.health_interval_s)
         self._slots = asyncio.Semaphore(settings.concurrency)
         self._server_up = asyncio.Event()
         self._ready = asyncio.Event()
+        self._nothing_in_flight = asyncio.Event()
+        self._nothing_in_flight.set()
         self._prober: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -62,19 +73,8 @@ class GenerateWorker:
 
     async def start(self) -> None:
         """Wait for the server to answer, learn its model, then let the agent take prompts."""
-        delay = self.settings.backoff_initial_s
-        while True:
-            try:
-                await self.client.discover()
-                break
-            except Exception as err:
-                log.warning(
-                    "server %s not answering yet (%s); retrying",
-                    self.client.base_url,
-                    type(err).__name__,
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.settings.backoff_max_s)
+        what = f"asking {self.client.base_url} for its model"
+        await until_done(what, self.client.discover, self.backoff, log)
         log.info(
             "generating with model %s (%s family) on %s, %d in flight",
             self.client.model,
@@ -101,7 +101,7 @@ class GenerateWorker:
         await self._server_up.wait()
         message = event.message
         self.window.add(message.tp, message.offset, event)
-        self.stats.in_flight += 1
+        self._started_one()
         task = asyncio.create_task(self._run_one(event))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -126,11 +126,20 @@ class GenerateWorker:
                 "internal_error", f"{type(err).__name__}: {err}", bytes(event.value), prompt_id
             )
             await self._send_until_acked(*letter)
-        self.stats.in_flight -= 1
+        self._finished_one()
         self._slots.release()
         message = event.message
         for releasable in self.window.finish(message.tp, message.offset):
             releasable.ack()
+
+    def _started_one(self) -> None:
+        self.stats.in_flight += 1
+        self._nothing_in_flight.clear()
+
+    def _finished_one(self) -> None:
+        self.stats.in_flight -= 1
+        if not self.stats.in_flight:
+            self._nothing_in_flight.set()
 
     # -- one prompt --------------------------------------------------------------------------
 
@@ -176,7 +185,7 @@ class GenerateWorker:
                 self.stats.errors[err.kind] = self.stats.errors.get(err.kind, 0) + 1
                 if not err.transient:
                     raise
-                if not await self.client.healthy():
+                if not await self._healthy():
                     # Down, not failing: pause the whole worker, don't spend this prompt's budget.
                     await self._wait_for_server()
                     continue
@@ -188,15 +197,11 @@ class GenerateWorker:
                         transient=False,
                     ) from None
                 self.stats.retries += 1
-                await asyncio.sleep(self._backoff(attempts))
-
-    def _backoff(self, attempt: int) -> float:
-        base = min(
-            self.settings.backoff_initial_s * 2 ** (attempt - 1), self.settings.backoff_max_s
-        )
-        return base * (0.5 + random.random() / 2)  # jitter so a fleet does not retry in lockstep
+                await self.backoff.sleep(attempts)
 
     async def _wait_for_server(self) -> None:
+        """Pause every request until the server is healthy again. One task probes the server;
+        everyone else only awaits the `_server_up` event it sets."""
         if self._server_up.is_set():
             self._server_up.clear()
             self.stats.paused = True
@@ -205,11 +210,21 @@ class GenerateWorker:
         await self._server_up.wait()
 
     async def _probe_until_healthy(self) -> None:
-        while not await self.client.healthy():
-            await asyncio.sleep(self.settings.health_interval_s)
+        attempt = 0
+        while not await self._healthy():
+            attempt += 1
+            await self._probe_backoff.sleep(attempt)
         log.warning("server %s is healthy again; resuming", self.client.base_url)
         self.stats.paused = False
         self._server_up.set()
+
+    async def _healthy(self) -> bool:
+        try:
+            return await self.client.healthy()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a probe that fails is an answer: not healthy yet
+            return False
 
     def _dead_letter(
         self, kind: str, message: str, raw: bytes, prompt_id: str | None
@@ -220,16 +235,6 @@ class GenerateWorker:
 
     async def _send_until_acked(self, topic: str, key: bytes, value: bytes) -> None:
         """Kafka down is an outage to wait out, not a reason to lose the generation."""
-        delay = self.settings.backoff_initial_s
-        while True:
-            try:
-                await self.send(topic, key, value)
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:
-                log.warning(
-                    "writing to %s failed (%s); retrying in %.0fs", topic, type(err).__name__, delay
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.settings.backoff_max_s)
+        await until_done(
+            f"writing to {topic}", lambda: self.send(topic, key, value), self.backoff, log
+        )

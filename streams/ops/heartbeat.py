@@ -16,9 +16,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import orjson
-from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from streams.core.settings import WORKER_STATS, KafkaSettings
+from streams.core.topic_reader import TopicReader
 
 SCHEMA_VERSION = 1
 
@@ -94,30 +94,11 @@ class HeartbeatReader:
     def __init__(self, kafka: KafkaSettings):
         self.kafka = kafka
         self.latest: dict[str, Heartbeat] = {}
-        self._consumer: AIOKafkaConsumer | None = None
+        self._reader = TopicReader(kafka, kafka.topic(WORKER_STATS))
 
     async def poll(self) -> dict[str, Heartbeat]:
-        if self._consumer is None:
-            self._consumer = AIOKafkaConsumer(
-                **self.kafka.aiokafka_kwargs(), enable_auto_commit=False, group_id=None
-            )
-            await self._consumer.start()
-        consumer = self._consumer
-        if not consumer.assignment():
-            topic = self.kafka.topic(WORKER_STATS)
-            # `consumer.topics()` reads metadata into a copy: partitions_for_topic would stay None
-            await consumer._client.force_metadata_update()
-            partitions = consumer.partitions_for_topic(topic)
-            if not partitions:
-                return self.latest  # no worker has started yet
-            consumer.assign([TopicPartition(topic, p) for p in partitions])
-            await consumer.seek_to_beginning()
-        ends = await consumer.end_offsets(list(consumer.assignment()))
-        for tp, end in ends.items():
-            while await consumer.position(tp) < end:
-                batch = await consumer.getmany(tp, timeout_ms=1000, max_records=5000)
-                for record in batch.get(tp, []):
-                    self._apply(record.key, record.value)
+        if await self._reader.open():  # no topic yet: no worker has started
+            await self._reader.read_to_end(lambda record: self._apply(record.key, record.value))
         return self.latest
 
     def _apply(self, key: bytes | None, value: bytes | None) -> None:
@@ -129,9 +110,7 @@ class HeartbeatReader:
             self.latest[name] = Heartbeat.decode(value)
 
     async def close(self) -> None:
-        if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
+        await self._reader.close()
 
 
 def new_heartbeat(role: str, label: str, interval_s: float, metrics_url: str | None) -> Heartbeat:

@@ -50,6 +50,8 @@ GENERATE_FIGURES = (
     Figure("retries", "draftgen_generate_retries", "requests retried after a transient error"),
     Figure("output_tokens", "draftgen_generate_output_tokens", "completion tokens generated"),
     Figure("errors", "draftgen_generate_errors", "failed requests, by kind"),
+    Figure("skipped", "draftgen_generate_skipped", "prompts skipped: already generated"),
+    Figure("stolen", "draftgen_generate_stolen", "prompts generated from others' backlogs"),
 )
 
 TOKENIZE_FIGURES = (

@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-
 from sinks.shards import ShardStore
 from streams.core.records import DeadLetter, RecordError, is_policy_drop
 from streams.core.settings import DEAD_LETTERS, KafkaSettings
+from streams.core.topic_reader import TopicReader
 
 
 @dataclass
@@ -58,50 +57,13 @@ class DeadLetterReader:
         self.kafka = kafka
         self.keep_letters = keep_letters
         self.tally = DeadLetterTally()
-        self._consumer: AIOKafkaConsumer | None = None
-
-    async def _start(self) -> AIOKafkaConsumer:
-        consumer = AIOKafkaConsumer(
-            **self.kafka.aiokafka_kwargs(),
-            enable_auto_commit=False,
-            group_id=None,
-            auto_offset_reset="earliest",
-        )
-        await consumer.start()
-        return consumer
-
-    async def _assign(self, consumer: AIOKafkaConsumer) -> bool:
-        topic = self.kafka.topic(DEAD_LETTERS)
-        # `consumer.topics()` reads metadata into a copy: partitions_for_topic would stay None
-        await consumer._client.force_metadata_update()
-        partitions = consumer.partitions_for_topic(topic)
-        if not partitions:
-            return False  # not created yet
-        consumer.assign([TopicPartition(topic, p) for p in partitions])
-        await consumer.seek_to_beginning()
-        return True
+        self._reader = TopicReader(kafka, kafka.topic(DEAD_LETTERS))
 
     async def poll(self) -> DeadLetterTally:
-        """Read whatever is new, up to the current end of the topic."""
-        if self._consumer is None:
-            self._consumer = await self._start()
-        consumer = self._consumer
-        if not consumer.assignment() and not await self._assign(consumer):
-            return self.tally
-        ends = await consumer.end_offsets(list(consumer.assignment()))
-        while await self._behind(consumer, ends):
-            batch = await consumer.getmany(timeout_ms=1000, max_records=5000)
-            for records in batch.values():
-                for record in records:
-                    self._count(record.value)
+        """Read whatever is new, up to the current end of the topic (none before it exists)."""
+        if await self._reader.open():
+            await self._reader.read_to_end(lambda record: self._count(record.value))
         return self.tally
-
-    @staticmethod
-    async def _behind(consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) -> bool:
-        for tp, end in ends.items():
-            if await consumer.position(tp) < end:
-                return True
-        return False
 
     def _count(self, raw: bytes | None) -> None:
         try:
@@ -118,6 +80,4 @@ class DeadLetterReader:
             self.tally.letters.append(letter)
 
     async def close(self) -> None:
-        if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
+        await self._reader.close()

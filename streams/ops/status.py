@@ -7,11 +7,9 @@ incrementally, so a refresh costs a few offset requests plus a read of the marke
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 import time
-from dataclasses import dataclass
 
 import fsspec
 import orjson
@@ -25,7 +23,7 @@ from streams.core.settings import (
     COMPLETIONS,
     GENERATE_GROUP,
     PROMPTS,
-    KafkaSettings,
+    StatusSettings,
     StorageSettings,
 )
 from streams.ops.heartbeat import HeartbeatReader
@@ -44,30 +42,6 @@ from streams.ops.status_view import (
 )
 
 TOKENIZE_GROUP_PREFIX = "draftgen-tokenize-"
-
-
-@dataclass(frozen=True)
-class StatusSettings:
-    kafka: KafkaSettings
-    storage: StorageSettings | None = None  # where dataset versions are (--out)
-    datasets: tuple[str, ...] = ()  # empty: every dataset version found under --out
-    watch_s: float | None = None
-    as_json: bool = False
-
-
-def status_settings(args: argparse.Namespace, kafka: KafkaSettings) -> StatusSettings:
-
-    if args.dataset and not args.out:
-        raise CliError("--dataset needs --out (where the dataset versions are)")
-    if args.watch is not None and args.watch <= 0:
-        raise CliError("--watch needs a positive number of seconds")
-    return StatusSettings(
-        kafka=kafka,
-        storage=StorageSettings.from_env(args.out) if args.out else None,
-        datasets=tuple(dict.fromkeys(args.dataset or ())),
-        watch_s=args.watch,
-        as_json=args.json,
-    )
 
 
 def find_datasets(storage: StorageSettings) -> list[str]:
@@ -155,7 +129,10 @@ class StatusProbe:
     async def _partitions(self, names: list[str]) -> dict[str, list[int]]:
         """Partition ids of pipeline topics (none for a topic not created yet)."""
         assert self._admin is not None
-        described = await self._admin.describe_topics([self.kafka.topic(n) for n in names])
+        # only topics that exist: describing a missing one asks a permissive broker to create it
+        existing = set(await self._admin.list_topics())
+        wanted = [self.kafka.topic(n) for n in names if self.kafka.topic(n) in existing]
+        described = await self._admin.describe_topics(wanted) if wanted else []
         found = {
             topic["topic"]: sorted(p["partition"] for p in topic.get("partitions") or [])
             for topic in described
@@ -264,9 +241,8 @@ async def watch(settings: StatusSettings) -> None:
         await probe.close()
 
 
-def run_status(args: argparse.Namespace, kafka: KafkaSettings) -> int:
-
-    settings = status_settings(args, kafka)
+def run_status(settings: StatusSettings) -> int:
+    kafka = settings.kafka
     try:
         asyncio.run(watch(settings))
     except KeyboardInterrupt:

@@ -13,7 +13,9 @@ import pytest
 import yaml
 
 from compose.render_compose import parse_servers, render
+from streams.cli.flags import build
 from streams.cli.main import build_parser
+from streams.core.settings import ObserveSettings
 
 COMPOSE = Path(__file__).resolve().parents[2] / "compose"
 
@@ -116,8 +118,8 @@ def test_every_worker_command_is_one_the_cli_accepts(committed: dict[str, Any]) 
     for name, service in committed["services"].items():
         argv = command(service) if "command" in service else []
         if argv[:1] == ["worker"]:
-            args = parser.parse_args(argv)
-            assert args.metrics_port == 9100 and args.metrics_host == "0.0.0.0", name
+            observe = build(ObserveSettings, parser.parse_args(argv))
+            assert observe.metrics_port == 9100 and observe.metrics_host == "0.0.0.0", name
 
 
 def test_scaling_is_editing_the_list() -> None:

@@ -7,30 +7,53 @@ from pathlib import Path
 
 import pytest
 
-from streams.cli.args import policy_from_args
+from streams.cli.flags import build, settings_file
 from streams.cli.main import build_parser
-from streams.cli.run import RunResult, _tokenize_flags, print_summary
-from streams.core.settings import SamplePolicy
+from streams.cli.run import TOKENIZE_FLAGS, RunResult, print_summary, write_settings
+from streams.core.settings import (
+    KafkaSettings,
+    PublishSettings,
+    SamplePolicy,
+    StorageSettings,
+    TokenizeSettings,
+)
 from streams.ops.progress import DatasetFigures, DeadLetterTally
 
 
-def test_run_passes_policy_and_drift_flags_to_the_tokenize_worker() -> None:
+def run_tokenize_settings(tmp_path: Path, *flags: str) -> TokenizeSettings:
+    """What a tokenize worker started by `run` ends up with: run's flags → its settings file →
+    the worker's own command line."""
+    args = build_parser().parse_args(["run", *flags])
+    settings = build(
+        TokenizeSettings,
+        args,
+        only=TOKENIZE_FLAGS,
+        tokenizer_dir="t",
+        dataset="d",
+        storage=StorageSettings(out="o"),
+        kafka=KafkaSettings(bootstrap="b:1"),
+    )
+    path = write_settings(tmp_path, "tokenize", tokenize=settings)
+    worker = build_parser().parse_args(["worker", "tokenize", "--settings", str(path)])
+    return build(TokenizeSettings, worker, base=settings_file(worker)["tokenize"])
+
+
+def test_run_passes_policy_and_drift_flags_to_the_tokenize_worker(tmp_path: Path) -> None:
     policy = ["--on-length", "keep", "--max-seq-len", "512", "--no-drift"]
-    args = build_parser().parse_args(["run", "--regen", "every-turn", *policy])
-    assert args.regen == "every-turn"
-    flags = _tokenize_flags(args)
-    tokenize = ["worker", "tokenize", "--bootstrap", "b:1", "--tokenizer", "t", "--out", "o"]
-    worker = build_parser().parse_args([*tokenize, "--dataset", "d", *flags])
-    assert policy_from_args(worker) == SamplePolicy(length="keep", max_seq_len=512)
-    assert worker.no_drift
-    defaults = build_parser().parse_args(["run"])
-    assert defaults.regen == "final" and not defaults.no_drift
-    assert policy_from_args(defaults) == SamplePolicy()
+    worker = run_tokenize_settings(tmp_path, "--regen", "every-turn", *policy)
+    assert worker.policy == SamplePolicy(length="keep", max_seq_len=512)
+    assert not worker.measure_drift
+    assert worker.kafka.bootstrap == "b:1" and worker.storage.out == "o"
+    defaults = run_tokenize_settings(tmp_path)
+    assert defaults.measure_drift and defaults.policy == SamplePolicy()
+    # run's --family is the generate workers' (the tokenize worker detects it from the template)
+    assert run_tokenize_settings(tmp_path, "--family", "qwen3").family is None
 
 
 def test_publish_takes_the_regen_mode() -> None:
     args = build_parser().parse_args(["publish", "--bootstrap", "b:1", "--regen", "every-turn"])
-    assert args.regen == "every-turn"
+    assert build(PublishSettings, args).regen == "every-turn"
+    assert build(PublishSettings, build_parser().parse_args(["publish"])).regen == "final"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["publish", "--regen", "sometimes"])
 

@@ -202,7 +202,9 @@ def test_a_failed_turn_is_a_dead_letter_and_stops_the_rest() -> None:
 
 
 def make_worker(model: FakeModel) -> GenerateWorker:
-    settings = GenerateSettings(server="http://fake", kafka=KafkaSettings(), max_attempts=1)
+    settings = GenerateSettings(
+        server="http://fake", kafka=KafkaSettings(bootstrap="k:1"), max_attempts=1
+    )
 
     async def send(topic: str, key: bytes, value: bytes) -> None:
         raise AssertionError("process_all does not send")

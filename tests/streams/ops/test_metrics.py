@@ -30,6 +30,7 @@ def test_generate_metrics_follow_the_stats_without_being_told() -> None:
 
     stats.in_flight, stats.completed, stats.output_tokens = 3, 7, 4200
     stats.dead_letters, stats.retries, stats.paused = 1, 2, True
+    stats.skipped, stats.stolen = 5, 6
     stats.errors.update({"http_503": 2, "context_too_long": 1})
     metrics.requests = 10
     metrics.observe(1.5)
@@ -43,6 +44,8 @@ def test_generate_metrics_follow_the_stats_without_being_told() -> None:
     assert found[("draftgen_generate_dead_letters_total", server)] == 1
     assert found[("draftgen_generate_retries_total", server)] == 2
     assert found[("draftgen_generate_output_tokens_total", server)] == 4200
+    assert found[("draftgen_generate_skipped_total", server)] == 5
+    assert found[("draftgen_generate_stolen_total", server)] == 6
     assert found[("draftgen_generate_errors_total", (("kind", "http_503"), *server))] == 2
     assert found[("draftgen_generate_request_duration_seconds_count", server)] == 2
     assert found[("draftgen_generate_request_duration_seconds_sum", server)] == 43.5

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from streams.cli.flags import build
 from streams.cli.main import build_parser
 from streams.core.errors import CliError
-from streams.core.settings import WORKER_STATS, KafkaSettings
+from streams.core.settings import WORKER_STATS, KafkaSettings, ObserveSettings, StatusSettings
 from streams.core.topics import _PARTITIONS, topic_configs
 from streams.ops.heartbeat import Heartbeat, HeartbeatReader, RateWindow
-from streams.ops.status import status_settings
 from streams.ops.status_view import (
     FORGET_AFTER_S,
     DatasetRow,
@@ -287,35 +287,44 @@ def test_json_shape() -> None:
 # -- command line --------------------------------------------------------------------------------
 
 
+def status(*argv: str) -> StatusSettings:
+    return build(StatusSettings, build_parser().parse_args(["status", *argv]))
+
+
 def test_status_flags() -> None:
-    args = build_parser().parse_args(["status", "--bootstrap", "k:9092", "--watch"])
-    assert args.watch == 5.0 and not args.json and args.dataset is None
-    args = build_parser().parse_args(
-        [
-            *("status", "--bootstrap", "k:9092", "--watch", "2", "--json", "--out", "o"),
-            *("--dataset", "a", "--dataset", "b"),
-        ]
+    settings = status("--bootstrap", "k:9092", "--watch")
+    assert settings.watch_s == 5.0 and not settings.as_json and settings.datasets == []
+    settings = status(
+        *("--bootstrap", "k:9092", "--watch", "2", "--json", "--out", "o"),
+        *("--dataset", "a", "--dataset", "b", "--dataset", "a"),
     )
-    assert (args.watch, args.json, args.dataset) == (2.0, True, ["a", "b"])
+    assert (settings.watch_s, settings.as_json, settings.datasets) == (2.0, True, ["a", "b"])
+    assert settings.kafka.bootstrap == "k:9092"
 
 
 def test_dataset_without_out_is_a_user_error() -> None:
-    args = build_parser().parse_args(["status", "--bootstrap", "k:9092", "--dataset", "a"])
     with pytest.raises(CliError, match="--dataset needs --out"):
-        status_settings(args, KafkaSettings("k:9092"))
+        status("--bootstrap", "k:9092", "--dataset", "a")
+    with pytest.raises(SystemExit):  # argparse's one line: "--watch: '0': input should be …"
+        status("--bootstrap", "k:9092", "--watch", "0")
 
 
 def test_worker_metrics_flags() -> None:
     args = build_parser().parse_args(
         ["worker", "generate", "--server", "http://s", "--bootstrap", "k", "--metrics-port", "0"]
     )
-    assert (args.metrics_port, args.metrics_host, args.heartbeat_interval) == (0, "127.0.0.1", 5.0)
+    observe = build(ObserveSettings, args)
+    assert (observe.metrics_port, observe.metrics_host, observe.heartbeat_s) == (
+        0,
+        "127.0.0.1",
+        5.0,
+    )
     default = build_parser().parse_args(["worker", "generate", "--server", "s", "--bootstrap", "k"])
-    assert default.metrics_port is None
+    assert build(ObserveSettings, default).metrics_port is None
 
 
 def test_heartbeat_reader_keeps_the_latest_per_worker_and_honours_tombstones() -> None:
-    reader = HeartbeatReader(KafkaSettings("k:9092"))
+    reader = HeartbeatReader(KafkaSettings(bootstrap="k:9092"))
     reader._apply(b"w1", beat(worker="w1", counters={"completed": 1}).encode())
     reader._apply(b"w1", beat(worker="w1", counters={"completed": 2}).encode())
     reader._apply(b"w2", beat(worker="w2").encode())
@@ -326,6 +335,6 @@ def test_heartbeat_reader_keeps_the_latest_per_worker_and_honours_tombstones() -
 
 
 def test_worker_stats_topic_is_compacted_with_one_partition() -> None:
-    kafka = KafkaSettings("k:9092", partitions=64)
+    kafka = KafkaSettings(bootstrap="k:9092", partitions=64)
     assert topic_configs(kafka)[WORKER_STATS]["cleanup.policy"] == "compact"
     assert _PARTITIONS[WORKER_STATS] == 1

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from streams.cli.args import add_policy_arguments, policy_flags, policy_from_args
+from streams.cli.flags import add_flags, build
 from streams.core.families import detect_family
 from streams.core.records import CompletionRecord, is_policy_drop
 from streams.core.settings import SamplePolicy
@@ -171,33 +171,36 @@ def test_longest_run() -> None:
     assert longest_run([1] * 5) == 5
 
 
-def parse(*argv: str) -> argparse.Namespace:
+def parse(*argv: str) -> SamplePolicy:
     parser = argparse.ArgumentParser()
-    add_policy_arguments(parser)
-    return parser.parse_args(argv)
+    add_flags(parser, SamplePolicy)
+    return build(SamplePolicy, parser.parse_args(argv))
 
 
-def test_flags_defaults_and_round_trip() -> None:
-    assert policy_from_args(parse()) == SamplePolicy()
+def test_flags_and_defaults() -> None:
+    assert parse() == SamplePolicy()
     assert SamplePolicy().max_seq_len is None and SamplePolicy().min_loss_run == 2
-    policy = policy_from_args(
-        parse(
-            "--on-length",
-            "keep",
-            "--on-unclosed-think",
-            "keep",
-            "--on-empty-answer",
-            "keep",
-            "--max-seq-len",
-            "4096",
-            "--on-max-seq-len",
-            "truncate",
-            "--min-loss-run",
-            "3",
-        )
+    policy = parse(
+        "--on-length",
+        "keep",
+        "--on-unclosed-think",
+        "keep",
+        "--on-empty-answer",
+        "keep",
+        "--max-seq-len",
+        "4096",
+        "--on-max-seq-len",
+        "truncate",
+        "--min-loss-run",
+        "3",
     )
-    assert policy == SamplePolicy("keep", "keep", "keep", 4096, "truncate", 3)
-    assert policy_from_args(parse(*policy_flags(policy))) == policy
-    assert policy_from_args(parse(*policy_flags(SamplePolicy()))) == SamplePolicy()
+    assert policy == SamplePolicy(
+        length="keep",
+        unclosed_think="keep",
+        empty_answer="keep",
+        max_seq_len=4096,
+        over_max_seq_len="truncate",
+        min_loss_run=3,
+    )
     with pytest.raises(SystemExit):
         parse("--max-seq-len", "0")

@@ -1,0 +1,34 @@
+"""`draftgen dead-letters`: list dead letters by stage and reason; re-publish them after a fix."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+from streams.cli.flags import add_flags, build
+from streams.core.settings import DeadLetterSelection, KafkaSettings
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser("dead-letters", help="list dead letters; re-publish after a fix")
+    add_flags(parser, DeadLetterSelection)
+    add_flags(parser, KafkaSettings)
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from streams.ops.dead_letters import Selection, read_dead_letters, republish, summarize
+
+    kafka = build(KafkaSettings, args)
+    chosen = build(DeadLetterSelection, args)
+    selection = Selection(chosen.stage, chosen.kind)
+    if chosen.republish:
+        sent, still_bad = asyncio.run(republish(kafka, selection))
+        print(
+            f"re-published {sent}" + "".join(f", still bad {k} {n}" for k, n in still_bad.items())
+        )
+        return 0
+    letters = [x for x in asyncio.run(read_dead_letters(kafka)) if selection.matches(x)]
+    print("\n".join(summarize(letters)))
+    return 0

@@ -1,0 +1,22 @@
+"""`draftgen emulate-server`: the SGLang-compatible emulated server (compose/emulator/)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register(commands: Any) -> None:
+    from compose.emulator.settings import add_emulator_arguments
+
+    parser = commands.add_parser("emulate-server", help="an SGLang-compatible emulated server")
+    add_emulator_arguments(parser)
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from compose.emulator.server import run as serve
+    from compose.emulator.settings import settings_from_args
+
+    serve(settings_from_args(args))
+    return 0

@@ -1,0 +1,238 @@
+"""Command-line flags derived from the settings classes (streams/core/settings.py).
+
+A field with `flag=` becomes an option; its type, choices, range and default come from the
+field, so a setting is declared in one place. Flags left out on the command line stay unset,
+so the environment (`DRAFTGEN_…`) and then the default apply, in that order. A bad value or a
+missing required setting is one line naming the flag and its environment variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import orjson
+from pydantic import AliasChoices, TypeAdapter, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings
+
+from streams.core.errors import CliError
+
+S = TypeVar("S", bound=BaseSettings)
+Adder = argparse.ArgumentParser | argparse._ArgumentGroup
+
+
+def _extra(field: FieldInfo) -> dict[str, Any]:
+    extra = field.json_schema_extra
+    return dict(extra) if isinstance(extra, dict) else {}
+
+
+def _nested(field: FieldInfo) -> type[BaseSettings] | None:
+    """The settings class of a field that holds settings of its own (kafka, sampling, …)."""
+    for candidate in (field.annotation, *typing.get_args(field.annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseSettings):
+            return candidate
+    return None
+
+
+def _base_type(annotation: Any) -> Any:
+    """`int | None` → int: None is what an absent flag means, never a value typed in."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        arms = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return arms[0] if len(arms) == 1 else annotation
+    return annotation
+
+
+def env_names(cls: type[BaseSettings], name: str) -> list[str]:
+    field = cls.model_fields[name]
+    alias = field.validation_alias
+    if isinstance(alias, AliasChoices):
+        return [str(choice) for choice in alias.choices]
+    if isinstance(alias, str):
+        return [alias]
+    return [f"{cls.model_config.get('env_prefix', '')}{name}".upper()]
+
+
+def _converter(flag: str, annotation: Any, field: FieldInfo) -> Any:
+    constrained: Any = annotation
+    if field.metadata:
+        constrained = typing.Annotated[annotation, *field.metadata]
+    adapter: TypeAdapter[Any] = TypeAdapter(constrained)
+
+    def convert(text: str) -> Any:
+        try:
+            return adapter.validate_python(text)
+        except ValidationError as err:
+            message = err.errors()[0]["msg"]
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: {message[0].lower()}{message[1:]}"
+            ) from None
+
+    convert.__name__ = flag.lstrip("-")  # argparse names the type in its error message
+    return convert
+
+
+def add_flags(
+    parser: Adder,
+    cls: type[BaseSettings],
+    *,
+    only: Iterable[str] | None = None,
+    skip: Iterable[str] = (),
+) -> None:
+    """Add an option per flagged field of `cls` and of the settings it nests; `only`/`skip`
+    select top-level fields by name."""
+    chosen = set(only) if only is not None else None
+    for name, field in cls.model_fields.items():
+        if name in skip or (chosen is not None and name not in chosen):
+            continue
+        nested = _nested(field)
+        if nested is not None:
+            add_flags(parser, nested)
+            continue
+        extra = _extra(field)
+        flag = extra.get("flag")
+        if flag is None:
+            continue
+        help_text = extra.get("help", "")
+        annotation = _base_type(field.annotation)
+        options: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS}
+        if annotation is bool:
+            # `--no-x` turns a default-on setting off; `--x` turns a default-off one on
+            options.update(action="store_const", const=not flag.startswith("--no-"))
+        elif typing.get_origin(annotation) is list:
+            options.update(action="append", metavar=name.rstrip("s").upper())
+        else:
+            if typing.get_origin(annotation) is Literal:
+                choices = list(typing.get_args(annotation))
+                options["choices"] = choices
+                if all(isinstance(c, str) and c.isupper() for c in choices):
+                    options["type"] = str.upper  # INFO or info
+            else:
+                options["type"] = _converter(flag, annotation, field)
+                options["metavar"] = extra.get("metavar", name.upper())
+            options.update({k: extra[k] for k in ("nargs", "const") if k in extra})
+            if field.default not in (None, ..., "") and "default" not in help_text:
+                help_text = f"{help_text} (default {field.default})".lstrip()
+        parser.add_argument(flag, help=help_text or None, **options)
+
+
+def given(
+    args: argparse.Namespace, cls: type[BaseSettings], only: Iterable[str] | None = None
+) -> dict[str, Any]:
+    """The values of `cls` set on the command line, nested settings as dicts; `only` as in
+    `add_flags` (flags of the same name may belong to another settings class)."""
+    values: dict[str, Any] = {}
+    chosen = set(only) if only is not None else None
+    for name, field in cls.model_fields.items():
+        if chosen is not None and name not in chosen:
+            continue
+        nested = _nested(field)
+        if nested is not None:
+            inner = given(args, nested)
+            if inner:
+                values[name] = inner
+        elif "flag" in _extra(field) and name in vars(args):
+            values[name] = getattr(args, name)
+    return values
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def construct(cls: type[S], values: dict[str, Any]) -> S:
+    """`cls(**values)`, building nested settings through their own constructors so that each
+    reads its environment (secrets are never in `values`)."""
+    kwargs: dict[str, Any] = {}
+    for name, value in values.items():
+        field = cls.model_fields.get(name)
+        nested = _nested(field) if field is not None else None
+        kwargs[name] = construct(nested, value) if nested and isinstance(value, dict) else value
+    return cls(**kwargs)
+
+
+def build(
+    cls: type[S],
+    args: argparse.Namespace | None = None,
+    *,
+    base: dict[str, Any] | None = None,
+    only: Iterable[str] | None = None,
+    **fixed: Any,
+) -> S:
+    """Settings from, lowest first: defaults, environment, `base` (a settings file), flags,
+    `fixed` (what the command decides itself). Invalid or missing values are a CliError."""
+    values = _merge(base or {}, given(args, cls, only) if args is not None else {})
+    values = _merge(values, fixed)
+    try:
+        return construct(cls, values)
+    except ValidationError as err:
+        raise CliError(describe(cls, err)) from None
+
+
+def describe(cls: type[BaseSettings], err: ValidationError) -> str:
+    """One line for the first error: the flag (or environment variable) and what is wrong."""
+    first = err.errors()[0]
+    if not first["loc"]:  # a rule across fields: its message says it all
+        return str(first["msg"]).removeprefix("Value error, ")
+    owner, name = _locate(cls, [str(part) for part in first["loc"]])
+    if owner is None or name is None:
+        return f"invalid settings: {first['msg']}"
+    flag = _extra(owner.model_fields[name]).get("flag")
+    env = env_names(owner, name)[0]
+    if first["type"] == "missing":
+        return f"{flag} is required (or set {env})" if flag else f"set {env}"
+    return f"{flag or env}: {first['msg']}"
+
+
+def _locate(
+    cls: type[BaseSettings], loc: list[str]
+) -> tuple[type[BaseSettings] | None, str | None]:
+    """The settings class and field an error is about; a nested default (kafka's settings read
+    from the environment) reports its own field names, so those are searched too."""
+    for name, field in cls.model_fields.items():
+        nested = _nested(field)
+        if loc and loc[0] in (name, *env_names(cls, name)):
+            if nested is not None and len(loc) > 1:
+                return _locate(nested, loc[1:])
+            return cls, name
+    for field in cls.model_fields.values():
+        nested = _nested(field)
+        if nested is not None:
+            found = _locate(nested, loc)
+            if found[0] is not None:
+                return found
+    return None, None
+
+
+def add_settings_file_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--settings",
+        dest="settings_file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="a JSON settings file (what `draftgen run` gives its workers); flags override it",
+    )
+
+
+def settings_file(args: argparse.Namespace) -> dict[str, Any]:
+    path: Path | None = getattr(args, "settings_file", None)
+    if path is None:
+        return {}
+    try:
+        values = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as err:
+        raise CliError(f"--settings {path}: {type(err).__name__}: {err}") from None
+    if not isinstance(values, dict):
+        raise CliError(f"--settings {path}: not a JSON object")
+    return values

@@ -1,0 +1,53 @@
+"""`draftgen publish`: prompt sources → the prompts topic."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+from streams.cli.flags import add_flags, build
+from streams.core.errors import CliError
+from streams.core.settings import KafkaSettings, PublishSettings, StorageSettings
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser("publish", help="publish prompt sources to the prompts topic")
+    parser.add_argument(
+        "sources",
+        nargs="*",
+        help="JSONL/Parquet paths or URLs, hf:NAME[:SPLIT], each optionally PATH:WEIGHT",
+    )
+    add_flags(parser, PublishSettings)
+    add_flags(parser, KafkaSettings)
+    parser.set_defaults(handler=run)
+
+
+def source_specs(sources: list[str]) -> list[Any]:
+    """The sources named on the command line; none: the bundled sample prompts."""
+    from producers.sources import bundled_sample_path, parse_source_spec
+
+    try:
+        return [parse_source_spec(s) for s in (sources or [str(bundled_sample_path())])]
+    except ValueError as err:
+        raise CliError(str(err)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from producers.publish import publish
+
+    settings = build(PublishSettings, args)
+    summary = asyncio.run(
+        publish(
+            build(KafkaSettings, args),
+            source_specs(args.sources),
+            settings.limit,
+            # sources may be on S3: the same credentials as the output
+            StorageSettings(out="s3://").storage_options(),
+            settings.progress,
+            regen=settings.regen,
+            regenerate=settings.regenerate,
+        )
+    )
+    print(summary.line())
+    return 0

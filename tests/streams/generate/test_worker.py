@@ -1,0 +1,503 @@
+"""The generate worker against small fakes (no Kafka, no server): ordered acks after delivery,
+bounded retries, dead letters, pauses while the server is down, Kafka outages, the ledger,
+the stealer's loop.
+
+Every wait is on an observable condition with a deadline (tests/polling.py); backoffs are a
+millisecond or two, so the retry paths run in no time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from streams.core.families import GENERIC
+from streams.core.ledger import ledger_key
+from streams.core.records import CompletionRecord, DeadLetter, PromptRecord
+from streams.core.settings import GenerateSettings, KafkaSettings, OnceSettings
+from streams.generate.app import generate_figures
+from streams.generate.client import GenerationError
+from streams.generate.once import OnceGenerateWorker
+from streams.generate.steal import Stealer
+from streams.generate.worker import GenerateWorker
+from tests.polling import wait_for_async
+
+SERVER = "http://fake-server"
+COMPLETIONS = "completions"
+DEAD = "dead-letters"
+LEDGER = "generated"
+TP = "prompts-0"
+
+
+def settings(**overrides: Any) -> GenerateSettings:
+    values: dict[str, Any] = {
+        "server": SERVER,
+        "kafka": KafkaSettings(bootstrap="127.0.0.1:9"),  # never connected to
+        "concurrency": 8,
+        "max_attempts": 3,
+        "backoff_initial_s": 0.001,
+        "backoff_max_s": 0.002,
+        "health_interval_s": 0.002,
+    }
+    values.update(overrides)
+    return GenerateSettings(**values)
+
+
+def prompt(prompt_id: str) -> bytes:
+    messages = [{"role": "user", "content": f"question {prompt_id}"}]
+    return PromptRecord(prompt_id=prompt_id, messages=messages, source="test").encode()
+
+
+async def until(condition: Callable[[], Any], what: str, timeout: float = 5.0) -> Any:
+    async def check() -> Any:
+        return condition()
+
+    return await wait_for_async(check, timeout, what, interval=0.001)
+
+
+def run(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+# -- fakes ------------------------------------------------------------------------------------
+
+
+class FakeClient:
+    """SGLangClient's surface, scripted per prompt_id."""
+
+    def __init__(self) -> None:
+        self.base_url = SERVER
+        self.model = ""
+        self.family = GENERIC
+        self.up = True
+        self.discover_failures = 0
+        self.gates: dict[str, asyncio.Event] = {}  # a request waits for its gate
+        self.failures: dict[str, list[Exception]] = {}  # raised one per attempt, in order
+        self.always: dict[str, Exception] = {}  # raised on every attempt
+        self.requests: list[str] = []
+        self.probes = 0
+        self.closed = False
+
+    async def discover(self) -> None:
+        if self.discover_failures:
+            self.discover_failures -= 1
+            raise ConnectionError("connection refused")
+        self.model = "fake-model"
+
+    async def healthy(self) -> bool:
+        self.probes += 1
+        return self.up
+
+    async def complete(self, record: PromptRecord) -> CompletionRecord:
+        pid = record.prompt_id
+        self.requests.append(pid)
+        if not self.up:
+            raise GenerationError("connection_error", "refused", transient=True, server_down=True)
+        if pid in self.gates:
+            await self.gates[pid].wait()
+        if self.failures.get(pid):
+            raise self.failures[pid].pop(0)
+        if pid in self.always:
+            raise self.always[pid]
+        return CompletionRecord.from_prompt(
+            record, content=f"answer {pid}", finish_reason="stop", usage={"completion_tokens": 3}
+        )
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+@dataclass
+class FakeMessage:
+    tp: str
+    offset: int
+
+
+class FakeEvent:
+    def __init__(
+        self, journal: list[tuple[str, Any]], tp: str, offset: int, key: bytes, value: bytes
+    ):
+        self.message = FakeMessage(tp, offset)
+        self.key = key
+        self.value = value
+        self._journal = journal
+
+    def ack(self) -> bool:
+        self._journal.append(("ack", (self.message.tp, self.message.offset)))
+        return True
+
+
+class FakeKafka:
+    """`send` as the worker gets it, failing while `failures_left` > 0, and the acks of the
+    consumed events, both in one journal so their order can be checked."""
+
+    def __init__(self) -> None:
+        self.journal: list[tuple[str, Any]] = []
+        self.sent: list[tuple[str, bytes, bytes]] = []
+        self.failures_left = 0
+        self.failed = 0
+
+    async def send(self, topic: str, key: bytes, value: bytes) -> None:
+        if self.failures_left > 0:
+            self.failures_left -= 1
+            self.failed += 1
+            raise ConnectionError("broker down")
+        self.sent.append((topic, key, value))
+        self.journal.append(("sent", (topic, key.decode())))
+
+    def event(self, offset: int, prompt_id: str, tp: str = TP) -> FakeEvent:
+        return FakeEvent(self.journal, tp, offset, prompt_id.encode(), prompt(prompt_id))
+
+    def acked(self, tp: str = TP) -> list[int]:
+        return [offset for kind, (t, offset) in self.journal if kind == "ack" and t == tp]
+
+    def sent_to(self, topic: str) -> list[str]:
+        return [key.decode() for t, key, _ in self.sent if t == topic]
+
+    def letters(self) -> list[DeadLetter]:
+        return [DeadLetter.decode(value) for t, _, value in self.sent if t == DEAD]
+
+    def position(self, entry: tuple[str, Any]) -> int:
+        return self.journal.index(entry)
+
+
+def worker_for(client: FakeClient, kafka: FakeKafka, **overrides: Any) -> GenerateWorker:
+    return GenerateWorker(settings(**overrides), client, kafka.send, COMPLETIONS, DEAD)  # type: ignore[arg-type]
+
+
+# -- the base worker ----------------------------------------------------------------------------
+
+
+def test_acks_follow_offset_order_even_when_a_slow_head_finishes_last() -> None:
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        client.gates["p0"] = asyncio.Event()
+        worker = worker_for(client, kafka)
+        await worker.start()
+        for offset in range(4):
+            await worker.submit(kafka.event(offset, f"p{offset}"))
+        await worker.submit(kafka.event(0, "other", tp="prompts-1"))
+
+        await until(lambda: len(kafka.sent) == 4, "the fast prompts' completions")
+        assert sorted(kafka.sent_to(COMPLETIONS)) == ["other", "p1", "p2", "p3"]
+        assert kafka.acked() == []  # all wait for the slow head
+        assert kafka.acked("prompts-1") == [0]  # another partition does not wait for it
+
+        client.gates["p0"].set()
+        await until(lambda: kafka.acked() == [0, 1, 2, 3], "every offset acked in order")
+        for offset in range(4):  # each one only after its completion was sent
+            sent = kafka.position(("sent", (COMPLETIONS, f"p{offset}")))
+            assert sent < kafka.position(("ack", (TP, offset)))
+        assert worker.stats.completed == 5 and worker.stats.in_flight == 0
+        await worker.stop()
+        assert client.closed
+
+    run(scenario)
+
+
+def test_a_transient_error_is_retried_up_to_max_attempts_then_one_dead_letter() -> None:
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        client.always["p0"] = GenerationError("http_503", "overloaded", transient=True)
+        client.failures["p1"] = [GenerationError("timeout", "timed out", transient=True)]
+        worker = worker_for(client, kafka, max_attempts=3)
+        await worker.start()
+        await worker.submit(kafka.event(0, "p0"))
+        await worker.submit(kafka.event(1, "p1"))
+
+        await until(lambda: kafka.acked() == [0, 1], "both prompts acked")
+        assert client.requests.count("p0") == 3
+        (letter,) = kafka.letters()
+        assert (letter.prompt_id, letter.kind) == ("p0", "retries_exhausted")
+        assert "http_503 after 3 attempts" in letter.message
+        assert kafka.sent_to(COMPLETIONS) == ["p1"]  # one retry was enough for p1
+        assert client.requests.count("p1") == 2
+        assert worker.stats.retries == 3 and worker.stats.dead_letters == 1
+        assert worker.stats.errors == {"http_503": 3, "timeout": 1}
+        await worker.stop()
+
+    run(scenario)
+
+
+def test_a_permanent_error_is_one_dead_letter_at_once() -> None:
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        client.always["p0"] = GenerationError("context_too_long", "too long", transient=False)
+        worker = worker_for(client, kafka)
+        await worker.start()
+        await worker.submit(kafka.event(0, "p0"))
+
+        await until(lambda: kafka.acked() == [0], "the prompt acked")
+        assert client.requests == ["p0"]
+        assert [(d.prompt_id, d.kind) for d in kafka.letters()] == [("p0", "context_too_long")]
+        assert worker.stats.retries == 0
+        await worker.stop()
+
+    run(scenario)
+
+
+def test_a_bug_on_one_prompt_dead_letters_it_and_the_partition_moves_on() -> None:
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        client.always["p0"] = RuntimeError("a bug")
+        worker = worker_for(client, kafka)
+        await worker.start()
+        await worker.submit(kafka.event(0, "p0"))
+        await worker.submit(kafka.event(1, "p1"))
+
+        await until(lambda: kafka.acked() == [0, 1], "both prompts acked")
+        assert [(d.prompt_id, d.kind) for d in kafka.letters()] == [("p0", "internal_error")]
+        assert kafka.sent_to(COMPLETIONS) == ["p1"]
+        await worker.stop()
+
+    run(scenario)
+
+
+def test_a_server_that_is_down_pauses_the_worker_without_burning_attempts() -> None:
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        worker = worker_for(client, kafka, max_attempts=2)
+        await worker.start()
+        client.up = False
+        await worker.submit(kafka.event(0, "p0"))
+
+        await until(lambda: worker.stats.paused, "the worker paused")
+        probes = client.probes
+        await until(lambda: client.probes >= probes + 5, "the server probed while down")
+        # the next prompt waits for the server, not for a request slot
+        blocked = asyncio.create_task(worker.submit(kafka.event(1, "p1")))
+        await until(lambda: client.probes >= probes + 10, "more probes")
+        assert not blocked.done()
+        assert client.requests == ["p0"]  # one request found the server down; none since
+        assert worker.stats.retries == 0 and kafka.sent == [] and kafka.acked() == []
+
+        client.up = True
+        await until(lambda: kafka.acked() == [0, 1], "both prompts acked after the recovery")
+        await blocked
+        assert not worker.stats.paused
+        assert kafka.sent_to(COMPLETIONS) == ["p0", "p1"] and kafka.letters() == []
+        assert worker.stats.retries == 0
+        assert client.requests == ["p0", "p0", "p1"]
+        await worker.stop()
+
+    run(scenario)
+
+
+def test_a_failing_send_is_retried_until_kafka_takes_it_and_nothing_is_acked_before() -> None:
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        worker = worker_for(client, kafka)
+        await worker.start()
+        kafka.failures_left = 10**9  # down until told otherwise
+        await worker.submit(kafka.event(0, "p0"))
+
+        await until(lambda: kafka.failed >= 5, "several failed writes")
+        assert kafka.acked() == [] and kafka.sent == []
+        assert client.requests == ["p0"]  # the generation is kept, not redone
+
+        kafka.failures_left = 0
+        await until(lambda: kafka.acked() == [0], "the prompt acked once written")
+        assert kafka.sent_to(COMPLETIONS) == ["p0"]
+        assert kafka.position(("sent", (COMPLETIONS, "p0"))) < kafka.position(("ack", (TP, 0)))
+
+        kafka.failures_left = 3  # a short outage: three failures, then the write goes through
+        failed = kafka.failed
+        await worker.submit(kafka.event(1, "p1"))
+        await until(lambda: kafka.acked() == [0, 1], "the second prompt acked")
+        assert kafka.failed == failed + 3 and kafka.sent_to(COMPLETIONS) == ["p0", "p1"]
+        await worker.stop()
+
+    run(scenario)
+
+
+def test_start_waits_for_the_server_and_prompts_wait_for_start() -> None:
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        client.discover_failures = 3
+        worker = worker_for(client, kafka)
+        early = asyncio.create_task(worker.submit(kafka.event(0, "p0")))
+        await worker.start()
+        assert client.discover_failures == 0 and client.model == "fake-model"
+        await early
+        await until(lambda: kafka.acked() == [0], "the early prompt acked")
+        await worker.stop()
+
+    run(scenario)
+
+
+# -- each prompt once: the ledger, stealing ---------------------------------------------------
+
+
+class FakeLedger:
+    """LedgerFollower's surface, without Kafka."""
+
+    def __init__(self) -> None:
+        self.keys: set[str] = set()
+        self.caught_up = asyncio.Event()
+        self.caught_up.set()
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    def contains(self, prompt_id: str, settings: str) -> bool:
+        return ledger_key(prompt_id, settings) in self.keys
+
+    def add(self, prompt_id: str, settings: str) -> None:
+        self.keys.add(ledger_key(prompt_id, settings))
+
+
+async def once_worker(
+    client: FakeClient, kafka: FakeKafka
+) -> tuple[OnceGenerateWorker, FakeLedger]:
+    worker = OnceGenerateWorker(
+        settings(),
+        client,
+        kafka.send,
+        COMPLETIONS,
+        DEAD,
+        LEDGER,
+        OnceSettings(),  # type: ignore[arg-type]
+    )
+    ledger = FakeLedger()
+    worker.ledger = ledger  # type: ignore[assignment]
+    await worker.start()
+    return worker, ledger
+
+
+def test_the_ledger_skips_generated_prompts_and_copies_of_one_in_flight() -> None:
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        worker, ledger = await once_worker(client, kafka)
+        ledger.add("done", worker.settings_key("final"))
+        client.gates["b"] = asyncio.Event()
+        await worker.submit(kafka.event(0, "done"))  # generated before: no request
+        await worker.submit(kafka.event(1, "b"))
+        await worker.submit(kafka.event(2, "b"))  # published again while in flight here
+        await worker.submit(kafka.event(3, "c"))
+
+        await until(lambda: kafka.sent_to(LEDGER) == ["c@" + worker.settings_key("final")], "c")
+        assert kafka.acked() == [0]
+        client.gates["b"].set()
+        await until(lambda: kafka.acked() == [0, 1, 2, 3], "every offset acked in order")
+
+        assert sorted(client.requests) == ["b", "c"]  # one request for the two copies of b
+        assert kafka.sent_to(COMPLETIONS) == ["c", "b"]
+        for pid in ("b", "c"):  # the ledger record only after its completion
+            key = ledger_key(pid, worker.settings_key("final"))
+            assert kafka.position(("sent", (COMPLETIONS, pid))) < kafka.position(
+                ("sent", (LEDGER, key))
+            )
+            assert ledger.contains(pid, worker.settings_key("final"))
+        assert worker.stats.skipped == 2
+        figures = generate_figures(worker.stats, requests=len(client.requests))
+        assert figures.counters["skipped"] == 2 and figures.counters["stolen"] == 0
+        await worker.stop()
+
+    run(scenario)
+
+
+def test_stolen_prompts_are_generated_and_recorded_but_never_acked_or_dead_lettered() -> None:
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        worker, _ = await once_worker(client, kafka)
+        client.always["bad"] = GenerationError("context_too_long", "too long", transient=False)
+        records = [(pid.encode(), prompt(pid)) for pid in ("s1", "s2", "bad")]
+
+        assert await worker.run_stolen(records) == 2
+        assert sorted(kafka.sent_to(COMPLETIONS)) == ["s1", "s2"]
+        assert len(kafka.sent_to(LEDGER)) == 2
+        assert kafka.letters() == [] and kafka.acked() == []  # the owner decides about "bad"
+        assert worker.stats.stolen == 2 and worker.stats.in_flight == 0
+        assert generate_figures(worker.stats, requests=3).counters["stolen"] == 2
+        await worker.stop()
+
+    run(scenario)
+
+
+def test_an_idle_wait_ends_only_after_the_work_in_flight() -> None:
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        worker, _ = await once_worker(client, kafka)
+        client.gates["p0"] = asyncio.Event()
+        await worker.submit(kafka.event(0, "p0"))
+        await until(lambda: client.requests == ["p0"], "the request running")
+        worker.last_busy = time.monotonic() - 60  # idle long enough, but for the prompt
+
+        # no timer runs out during the test: only the end of the work in flight can end it
+        waiting = asyncio.create_task(worker.wait_idle(30.0))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not waiting.done()
+        client.gates["p0"].set()
+        await until(waiting.done, "the idle wait over once the prompt is done")
+        assert worker.idle_for() >= 30.0
+        await worker.stop()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("busy_for", [0.0, 0.05])
+def test_an_idle_wait_lasts_until_the_worker_was_idle_that_long(busy_for: float) -> None:
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        worker, _ = await once_worker(client, kafka)
+        worker.last_busy = time.monotonic() - busy_for
+        await worker.wait_idle(0.05)
+        assert worker.idle_for() >= 0.05
+        await worker.stop()
+
+    run(scenario)
+
+
+def test_the_stealer_waits_for_idleness_and_backs_off_only_when_nothing_was_taken() -> None:
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        worker, _ = await once_worker(client, kafka)
+        client.gates["p0"] = asyncio.Event()
+        await worker.submit(kafka.event(0, "p0"))
+        worker.last_busy = time.monotonic() - 60  # idle long enough, but for the prompt
+
+        # None: no chunk to take; 0: a chunk taken but all generated already; error: a failure
+        script: list[int | Exception | None] = [None, None, RuntimeError("admin"), 0, 3, None]
+        looks: list[int] = []
+        pauses: list[int] = []
+
+        async def steal_once() -> int | None:
+            looks.append(len(pauses))
+            action = script.pop(0) if script else None
+            if isinstance(action, Exception):
+                raise action
+            return action
+
+        class CountingBackoff:
+            async def sleep(self, attempt: int) -> None:
+                pauses.append(attempt)
+                await asyncio.sleep(0)
+
+        stealer = Stealer(worker, KafkaSettings(bootstrap="127.0.0.1:9"), "prompts", "g", set)
+        stealer.idle_s = 1.0
+        stealer.steal_once = steal_once  # type: ignore[method-assign]
+        stealer.backoff = CountingBackoff()  # type: ignore[assignment]
+        running = asyncio.create_task(stealer.run())
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert looks == []  # busy with its own prompt: no stealing
+
+        client.gates["p0"].set()
+        await until(lambda: len(pauses) >= 4, "four pauses")
+        running.cancel()
+        # a failure does not end the loop; a pause grows with each look that took nothing
+        # and starts over after one that took a chunk
+        assert pauses[:4] == [1, 2, 3, 1]
+        assert looks[:6] == [0, 1, 2, 3, 3, 3]
+        await worker.stop()
+
+    run(scenario)
