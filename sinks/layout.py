@@ -39,6 +39,11 @@ class DatasetLayout:
         return f"{self.base}/dataset.json"
 
     @property
+    def sealed(self) -> str:
+        """The sealed manifest (sinks/manifest.py): present once the version is sealed."""
+        return f"{self.base}/sealed.json"
+
+    @property
     def data_dir(self) -> str:
         return f"{self.base}/data"
 
