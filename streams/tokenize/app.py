@@ -4,7 +4,6 @@ its shard sink."""
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 from typing import Any
 
 import faust
@@ -55,7 +54,7 @@ def manifest(settings: TokenizeSettings, loaded: LoadedTokenizer) -> dict[str, A
         "shard_max_records": settings.shard_max_records,
         "shard_max_tokens": settings.shard_max_tokens,
         "measure_drift": settings.measure_drift,
-        "policy": asdict(settings.policy),
+        "policy": settings.policy.model_dump(),
         "created_at": time.time(),
     }
 
