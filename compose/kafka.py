@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import shutil
 import subprocess
+import uuid
 from pathlib import Path
 
-from compose.process import ManagedProcess, ServiceError, free_port, port_open
+from compose.process import ManagedProcess, ServiceError, free_port, port_open, run_tracked
 
 KAFKA_VERSION = "4.1.1"
 LOG4J_VERSION = "2.25.3"
@@ -57,24 +59,34 @@ def kafka_classpath(version: str = KAFKA_VERSION) -> str:
             )
         home.mkdir(parents=True, exist_ok=True)
         (home / "pom.xml").write_text(_POM.format(kafka=version, log4j=LOG4J_VERSION))
-        result = subprocess.run(
-            [
+        try:
+            run_tracked(
                 "mvn",
-                "-q",
-                "-B",
-                "-f",
-                str(home / "pom.xml"),
-                "dependency:copy-dependencies",
-                f"-DoutputDirectory={libs}",
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if result.returncode != 0:
-            raise ServiceError(f"fetching Kafka {version} jars failed:\n{result.stdout[-2000:]}")
+                [
+                    "mvn",
+                    "-q",
+                    "-B",
+                    "-f",
+                    str(home / "pom.xml"),
+                    "dependency:copy-dependencies",
+                    f"-DoutputDirectory={libs}",
+                ],
+            )
+        except subprocess.CalledProcessError as err:
+            raise ServiceError(
+                f"fetching Kafka {version} jars failed:\n{err.stdout[-2000:]}"
+            ) from None
         done.touch()
     return f"{libs}/*"
+
+
+def random_cluster_id() -> str:
+    """What `kafka-storage random-uuid` prints (Kafka's Uuid: url-safe base64, no padding,
+    never starting with '-'), without starting a JVM for it."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
 
 
 def java_binary() -> str:
@@ -102,8 +114,12 @@ class KafkaBroker:
     def process(self) -> ManagedProcess | None:
         return self._process
 
-    def _write_config(self) -> Path:
-        logs = self.workdir / "kraft-logs"
+    @property
+    def log_dirs(self) -> Path:
+        return self.workdir / "kraft-logs"
+
+    def _write_config(self, log_dirs: Path | None = None, name: str = "server.properties") -> Path:
+        logs = log_dirs or self.log_dirs
         props = {
             "process.roles": "broker,controller",
             "node.id": "1",
@@ -126,7 +142,7 @@ class KafkaBroker:
             "message.max.bytes": str(8 * 1024 * 1024),
             "log.retention.hours": "-1",
         }
-        path = self.workdir / "server.properties"
+        path = self.workdir / name
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         (self.workdir / "log4j2.xml").write_text(_LOG4J2)
         return path
@@ -147,30 +163,32 @@ class KafkaBroker:
     def start(self, timeout: float = 90.0) -> KafkaBroker:
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self._write_config()
-        if not (self.workdir / "kraft-logs" / "meta.properties").exists():
-            cluster_id = (
-                subprocess.run(
-                    self._java("kafka.tools.StorageTool", "random-uuid"),
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                )
-                .stdout.strip()
-                .splitlines()[-1]
-            )
-            subprocess.run(
-                self._java(
-                    "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)
-                ),
-                capture_output=True,
-                text=True,
-                check=True,
-            )
+        if not (self.log_dirs / "meta.properties").exists():
+            self._format()
         self._process = ManagedProcess(
             "kafka", self._java("kafka.Kafka", str(config)), self.workdir / "kafka.log"
-        ).start()
-        self._process.wait_ready(self._ready, timeout)
+        )
+        self._process.start()
+        self._process.wait_ready(self._ready, timeout)  # stops the broker if it never gets ready
         return self
+
+    def _format(self) -> None:
+        """Format the log directory aside and move it in place only when complete: a format
+        interrupted at any point leaves nothing a re-run would trip on."""
+        staging = self.workdir / "kraft-logs.formatting"
+        for stale in (staging, self.log_dirs):  # never formatted, so holds no data
+            shutil.rmtree(stale, ignore_errors=True)
+        config = self._write_config(staging, name="format.properties")
+        argv = self._java(
+            "kafka.tools.StorageTool", "format", "-t", random_cluster_id(), "-c", str(config)
+        )
+        try:
+            run_tracked("kafka-storage-format", argv)
+        except subprocess.CalledProcessError as err:
+            raise ServiceError(
+                f"formatting {self.log_dirs} failed:\n{err.stdout}{err.stderr}"
+            ) from None
+        staging.rename(self.log_dirs)
 
     def _ready(self) -> bool:
         # The port opens before the broker can answer; ask it only once it listens.

@@ -105,8 +105,9 @@ class SeaweedS3:
             "-master.volumeSizeLimitMB=64",
         ]
         argv += [f"-{name}={port}" for name, port in self._ports.items()]
-        self._process = ManagedProcess("seaweedfs", argv, self.workdir / "weed.log").start()
-        self._process.wait_ready(self._ready, timeout)
+        self._process = ManagedProcess("seaweedfs", argv, self.workdir / "weed.log")
+        self._process.start()
+        self._process.wait_ready(self._ready, timeout)  # stops it if it never gets ready
         return self
 
     def restart(self, timeout: float = 60.0) -> None:

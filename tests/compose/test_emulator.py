@@ -23,6 +23,7 @@ from compose.emulator import EmulatorSettings, add_emulator_arguments, settings_
 from compose.emulator.model import EmulatedModel
 from compose.emulator.reasoning import split_reasoning
 from compose.process import free_port
+from tests.polling import wait_for_async
 
 # the fixtures' types (tests/compose/conftest.py: EmulatorHandle and its start_emulator factory)
 EmulatorHandle = Any
@@ -362,12 +363,15 @@ def test_queue_full_answers_503(start_emulator: StartEmulator) -> None:
         }
         async with start_emulator("qwen36", **settings) as emu:
             body = {"messages": user("hi")}
+
+            async def load_is(running: int, queued: int) -> bool:
+                stats = (await get(emu, "/stats"))[1]
+                return (stats["running"], stats["queued"]) == (running, queued)
+
             running = asyncio.create_task(post(emu, "/v1/chat/completions", body))
-            await asyncio.sleep(0.05)
+            await wait_for_async(lambda: load_is(1, 0), 10, "the first request running")
             queued = asyncio.create_task(post(emu, "/v1/chat/completions", body))
-            await asyncio.sleep(0.05)
-            _, stats = await get(emu, "/stats")
-            assert (stats["running"], stats["queued"]) == (1, 1)
+            await wait_for_async(lambda: load_is(1, 1), 10, "the second request queued")
             status, error = await post(emu, "/v1/chat/completions", body)
             assert status == 503 and error["message"] == "The request queue is full."
             assert (await running)[0] == 200 and (await queued)[0] == 200

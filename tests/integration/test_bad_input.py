@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from compose.process import free_port
 from compose.stack import draftgen_argv
 from streams.core.records import PromptRecord
 from streams.core.settings import COMPLETIONS, PROMPTS, KafkaSettings
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -179,7 +179,10 @@ def test_dead_letters_are_listed_and_can_be_republished(pipeline, write_prompts)
     again = run_cli("dead-letters", *pipeline.common, "--stage", "generate", "--republish")
     assert again.returncode == 0, again.stderr
     assert f"re-published {len(letters)}" in again.stdout
-    deadline = time.monotonic() + 60
-    while len(pipeline.dead_letters()) < 2 * len(letters) and time.monotonic() < deadline:
-        time.sleep(1)
+    wait_for(
+        lambda: len(pipeline.dead_letters()) >= 2 * len(letters),
+        60,
+        f"the {len(letters)} re-published prompts dead-lettered again",
+        interval=0.5,
+    )
     assert len(pipeline.dead_letters()) == 2 * len(letters)

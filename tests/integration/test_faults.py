@@ -7,9 +7,7 @@ or a dead letter, and no prompt id appears twice among committed shards.
 from __future__ import annotations
 
 import asyncio
-import json
-import time
-import urllib.request
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,47 +15,25 @@ import openai
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.partitioner import DefaultPartitioner
 
 from compose.process import ManagedProcess
-from streams.core.settings import COMPLETIONS, GENERATE_GROUP, PROMPTS, KafkaSettings
+from streams.core.normalize import make_prompt_record
+from streams.core.settings import GENERATE_GROUP, PROMPTS, KafkaSettings
+from tests.integration.probes import (
+    Metrics,
+    committed_offsets,
+    emulator_stats,
+    log_lines,
+    log_size,
+    metric_sum,
+    metrics_url,
+    scrape,
+    topic_size,
+)
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def wait_for(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
-async def _end_offsets(kafka: KafkaSettings, topic: str) -> int:
-    consumer = AIOKafkaConsumer(**kafka.aiokafka_kwargs())
-    await consumer.start()
-    try:
-        await consumer._client.force_metadata_update()
-        name = kafka.topic(topic)
-        partitions = [TopicPartition(name, p) for p in consumer.partitions_for_topic(name) or ()]
-        return sum((await consumer.end_offsets(partitions)).values()) if partitions else 0
-    finally:
-        await consumer.stop()
-
-
-def written(kafka: KafkaSettings, topic: str = COMPLETIONS) -> int:
-    return asyncio.run(_end_offsets(kafka, topic))
-
-
-async def _committed(kafka: KafkaSettings, group: str) -> dict[int, int]:
-    admin = AIOKafkaAdminClient(**kafka.aiokafka_kwargs())
-    await admin.start()
-    try:
-        offsets = await admin.list_consumer_group_offsets(kafka.group(group))
-        return {tp.partition: meta.offset for tp, meta in offsets.items()}
-    finally:
-        await admin.close()
 
 
 async def _prompt_ids_by_offset(kafka: KafkaSettings) -> list[str]:
@@ -78,20 +54,14 @@ async def _prompt_ids_by_offset(kafka: KafkaSettings) -> list[str]:
     return ids
 
 
-def emulator_stats(url: str) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{url}/stats", timeout=5) as response:
-        return dict(json.loads(response.read()))
-
-
 LENGTHS = ("--min-output-tokens", "16", "--mean-output-tokens", "60", "--max-output-tokens", "3000")
 
 
-def slowest_first(pipeline: Any, source: Path) -> Path:
-    """Reorder prompts so the longest answer is at the head of the partition. Outputs are
-    deterministic per prompt, so an instant twin of the emulator tells each one's length."""
+def answer_lengths(pipeline: Any, rows: list[dict[str, Any]]) -> list[int]:
+    """Output tokens of each row's answer. Outputs are deterministic per prompt, so an instant
+    twin of the emulator tells each one's length."""
     twin, _ = pipeline.emulator("--tokens-per-s", "0", *LENGTHS, name="length-probe")
     client = openai.OpenAI(base_url=f"{twin}/v1", api_key="none")
-    rows = [orjson.loads(line) for line in source.read_bytes().splitlines()]
 
     def length(row: dict[str, Any]) -> int:
         response = client.chat.completions.create(
@@ -103,35 +73,68 @@ def slowest_first(pipeline: Any, source: Path) -> Path:
         )
         return response.usage.completion_tokens if response.usage else 0
 
-    rows.sort(key=length, reverse=True)
-    out = source.with_name("slowest-first.jsonl")
-    out.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
-    return out
+    return [length(row) for row in rows]
 
 
-def test_kill_generate_worker_with_requests_in_flight(pipeline, write_prompts) -> None:
-    """kill -9 with 16 requests in flight, a slow one at the head of the only partition and
-    fast ones after it (the faust #606 hazard): the committed offset never passes an
-    unanswered prompt, and after a restart every prompt completes."""
-    pipeline.partitions = 1
-    source = slowest_first(pipeline, write_prompts(80))
+def partition_of(row: dict[str, Any], partitions: int) -> int:
+    """The partition `publish` sends the row to (the producer's default: murmur2 of the key)."""
+    key = make_prompt_record(row, "x").prompt_id.encode()
+    every = list(range(partitions))
+    return int(DefaultPartitioner()(key, every, every))
+
+
+def write_rows(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
+    return path
+
+
+def adopted_partitions(tokenize: ManagedProcess) -> set[int]:
+    """Partitions whose first record the tokenize worker has taken into a window (the shard
+    sink logs `partition N: ... resuming at offset M` as it adopts one)."""
+    pattern = r"partition (\d+): .*resuming at offset"
+    found = (re.search(pattern, line) for line in log_lines(tokenize, pattern))
+    return {int(match[1]) for match in found if match}
+
+
+def test_kill_generate_worker_with_requests_in_flight(pipeline, write_prompts, tmp_path) -> None:
+    """kill -9 with 16 requests in flight, a slow one at the head of partition 0 and fast ones
+    after it (the faust #606 hazard): the committed offset never passes an unanswered prompt,
+    and after a restart every prompt completes. Partition 1 stays empty until the fast prompts
+    are done; then one prompt goes there, and its committed offset shows that the worker has
+    committed since (a commit covers every partition's acked offsets)."""
+    pipeline.partitions = 2
+    rows = [orjson.loads(line) for line in write_prompts(200).read_bytes().splitlines()]
+    on_0 = [row for row in rows if partition_of(row, 2) == 0][:80]
+    on_1 = [row for row in rows if partition_of(row, 2) == 1][:8]
+    lengths = answer_lengths(pipeline, on_0 + on_1)
+    order = sorted(range(len(on_0)), key=lambda i: lengths[i], reverse=True)
+    probe = on_1[min(range(len(on_1)), key=lambda i: lengths[len(on_0) + i])]
+
     url, _ = pipeline.emulator("--tokens-per-s", "15", *LENGTHS)
     worker = pipeline.generate(url, "--concurrency", "16")
     tokenizer = pipeline.tokenize()
-    summary = pipeline.publish(source)
-    expected = set(summary.prompt_ids)
-
-    wait_for(lambda: written(pipeline.kafka) >= 20, 120, "20 completions")
-    time.sleep(2.5)  # past faust's commit interval: acked offsets have been committed
+    summary = pipeline.publish(
+        write_rows(tmp_path / "slowest-first.jsonl", [on_0[i] for i in order])
+    )
+    wait_for(lambda: topic_size(pipeline.kafka) >= 20, 120, "20 completions")
+    probed = pipeline.publish(write_rows(tmp_path / "probe.jsonl", [probe]))
+    wait_for(
+        lambda: committed_offsets(pipeline.kafka, GENERATE_GROUP).get(1, 0) >= 1,
+        60,
+        "a commit after the 20 completions (the partition-1 prompt published then, committed)",
+        interval=0.5,
+    )
     worker.kill()
-    committed = asyncio.run(_committed(pipeline.kafka, GENERATE_GROUP)).get(0, 0)
+    committed = committed_offsets(pipeline.kafka, GENERATE_GROUP).get(0, 0)
     by_offset = asyncio.run(_prompt_ids_by_offset(pipeline.kafka))
+    assert len(by_offset) == len(on_0), "the slowest-first prompts are all on partition 0"
     completed = set(pipeline.completions())
     assert by_offset[0] not in completed, "the slow head was still in flight at the kill"
     assert len(completed) >= 20, "fast prompts behind it had finished"
     missing = [o for o in range(committed) if by_offset[o] not in completed]
     assert not missing, f"committed offset {committed} passed unanswered prompts {missing}"
 
+    expected = set(summary.prompt_ids) | set(probed.prompt_ids)
     restarted = pipeline.stack.restart(worker)
     pipeline.wait(expected, [restarted, tokenizer])
     pipeline.assert_exactly_once(expected)
@@ -145,7 +148,7 @@ def test_kill_tokenize_worker_between_marker_and_commit_and_mid_shard(
     generate = pipeline.generate(url)
     summary = pipeline.publish(write_prompts(90))
     expected = set(summary.prompt_ids)
-    wait_for(lambda: written(pipeline.kafka) >= 90, 120, "all completions")
+    wait_for(lambda: topic_size(pipeline.kafka) >= 90, 120, "all completions")
 
     # 1. dies right after its 3rd commit marker, before the offsets are committed
     crashing = pipeline.tokenize("--shard-records", "10", env={"DRAFTGEN_FAULT_AFTER_MARKER": "3"})
@@ -155,7 +158,11 @@ def test_kill_tokenize_worker_between_marker_and_commit_and_mid_shard(
 
     # 2. killed while shards are open (records buffered, nothing flushed for a while)
     open_windows = pipeline.tokenize("--shard-records", "1000", "--idle-flush", "60")
-    time.sleep(8)
+    wait_for(
+        lambda: adopted_partitions(open_windows) == {0, 1},
+        60,
+        "both partitions' first records taken into open windows",
+    )
     open_windows.kill()
 
     final = pipeline.tokenize("--shard-records", "10")
@@ -164,15 +171,31 @@ def test_kill_tokenize_worker_between_marker_and_commit_and_mid_shard(
 
 
 def test_kafka_broker_outage(pipeline, infra, write_prompts) -> None:
-    url, _ = pipeline.emulator("--tokens-per-s", "400")
-    workers = [pipeline.generate(url, "--concurrency", "8"), pipeline.tokenize()]
+    url, _ = pipeline.emulator("--tokens-per-s", "100")
+    generate = pipeline.generate(url, "--concurrency", "8", "--metrics-port", "0")
+    workers = [generate, pipeline.tokenize()]
     summary = pipeline.publish(write_prompts(80))
     expected = set(summary.prompt_ids)
-    wait_for(lambda: written(pipeline.kafka) >= 10, 120, "some completions")
+    wait_for(lambda: topic_size(pipeline.kafka) >= 10, 120, "some completions")
+    metrics = wait_for(lambda: metrics_url(generate), 60, "the generate worker's metrics URL")
 
+    def holding_undelivered() -> bool:
+        # prompts in flight at the worker, none at the server: generated, waiting for Kafka
+        in_flight = scrape(metrics)[("draftgen_generate_in_flight", frozenset({("server", url)}))]
+        return in_flight > 0 and emulator_stats(url)["running"] == 0
+
+    logs = [log_size(worker) for worker in workers]
     infra.kafka.stop()
-    time.sleep(20)
-    infra.kafka.restart()
+    try:
+        for worker, since in zip(workers, logs, strict=True):
+            wait_for(
+                lambda: log_lines(worker, "Connect call failed|KafkaConnectionError", since),  # noqa: B023
+                60,
+                f"{worker.name} to find the broker gone",
+            )
+        wait_for(holding_undelivered, 60, "the generate worker holding completions unsent")
+    finally:
+        infra.kafka.restart()  # the session's broker: later tests need it whatever happened
 
     pipeline.wait(expected, workers, timeout=300)
     pipeline.assert_exactly_once(expected)
@@ -180,16 +203,32 @@ def test_kafka_broker_outage(pipeline, infra, write_prompts) -> None:
 
 
 def test_s3_outage(pipeline, s3, write_prompts) -> None:
-    url, _ = pipeline.emulator("--tokens-per-s", "400")
-    workers = [pipeline.generate(url, "--concurrency", "8"), pipeline.tokenize()]
-    summary = pipeline.publish(write_prompts(80))
-    expected = set(summary.prompt_ids)
+    url, _ = pipeline.emulator("--tokens-per-s", "100")
+    tokenize = pipeline.tokenize()
+    workers = [pipeline.generate(url, "--concurrency", "8"), tokenize]
+    summary = pipeline.publish(write_prompts(40))
     wait_for(lambda: len(pipeline.store().markers()) >= 2, 120, "some shards")
+    # every partition adopted (its markers read), so what fails below is the shard write
+    wait_for(
+        lambda: adopted_partitions(tokenize) == set(range(pipeline.partitions)),
+        60,
+        "the tokenize worker to take records of every partition",
+    )
 
+    since = log_size(tokenize)
     s3.stop()
-    time.sleep(20)
-    s3.restart()
+    try:
+        # published during the outage: shards that can only be written once S3 is back
+        more = pipeline.publish(write_prompts(40, name="more.jsonl", start=40))
+        wait_for(
+            lambda: len(log_lines(tokenize, "writing a shard failed", since)) >= 2,
+            120,
+            "the tokenize worker to fail a shard write, and fail again when it retries",
+        )
+    finally:
+        s3.restart()
 
+    expected = set(summary.prompt_ids) | set(more.prompt_ids)
     pipeline.wait(expected, workers, timeout=300)
     pipeline.assert_exactly_once(expected)
     assert all(worker.alive() for worker in workers)
@@ -197,15 +236,33 @@ def test_s3_outage(pipeline, s3, write_prompts) -> None:
 
 def test_server_down_pauses_its_worker_without_dead_letters(pipeline, write_prompts) -> None:
     url, server = pipeline.emulator("--tokens-per-s", "300")
-    worker = pipeline.generate(url, "--concurrency", "8", "--max-attempts", "2")
+    worker = pipeline.generate(
+        url, "--concurrency", "8", "--max-attempts", "2", "--metrics-port", "0"
+    )
     workers: list[ManagedProcess] = [worker, pipeline.tokenize()]
     summary = pipeline.publish(write_prompts(60))
     expected = set(summary.prompt_ids)
-    wait_for(lambda: written(pipeline.kafka) >= 5, 120, "some completions")
+    wait_for(lambda: topic_size(pipeline.kafka) >= 5, 120, "some completions")
+    metrics = wait_for(lambda: metrics_url(worker), 60, "the worker's metrics URL")
 
     server.kill()
-    time.sleep(10)  # far more failed attempts than --max-attempts, were they counted
-    assert written(pipeline.kafka) < 60
+
+    def paused_after_every_request_failed() -> Metrics | None:
+        found = scrape(metrics)
+        label = frozenset({("server", url)})
+        in_flight = found[("draftgen_generate_in_flight", label)]
+        paused = found[("draftgen_generate_paused", label)] == 1
+        failed = metric_sum(found, "draftgen_generate_errors_total")
+        return found if paused and failed >= in_flight > 0 else None
+
+    found = wait_for(
+        paused_after_every_request_failed,
+        60,
+        "the worker paused, every request in flight at the kill failed",
+    )
+    dead = found[("draftgen_generate_dead_letters_total", frozenset({("server", url)}))]
+    assert dead == 0, "a server down spends no prompt"
+    assert topic_size(pipeline.kafka) < 60
     pipeline.stack.restart(server)
 
     result = pipeline.wait(expected, workers)

@@ -14,14 +14,14 @@ from producers.sources import parse_source_spec
 from streams.core.ledger import read_generated
 from streams.core.records import PromptRecord
 from streams.core.settings import GENERATE_GROUP, GENERATED, PROMPTS
-from tests.integration.scaling_helpers import (
+from tests.integration.probes import (
     group_lag,
     key_counts,
     requests_served,
     send_raw,
     topic_size,
-    wait_for,
 )
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
 

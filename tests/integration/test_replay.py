@@ -14,7 +14,7 @@ from compose.stack import draftgen_argv
 from compose.tiny_tokenizers import QWEN36_CHAT_TEMPLATE
 from streams.tokenize.loading import load_tokenizer
 from streams.tokenize.samples import SampleBuilder
-from tests.integration.scaling_helpers import requests_served, topic_size
+from tests.integration.probes import requests_served, topic_size
 
 pytestmark = pytest.mark.integration
 

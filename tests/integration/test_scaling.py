@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.scaling_helpers import (
+from tests.integration.probes import (
     key_counts,
     requests_served,
     topic_size,
-    wait_for,
 )
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
 

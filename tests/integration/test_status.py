@@ -6,16 +6,15 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import time
-import urllib.request
 from collections import Counter
 from typing import Any
 
 import orjson
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from compose.stack import draftgen_argv
+from tests.integration.probes import scrape
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -38,16 +37,6 @@ def status(pipeline: Any, *flags: str) -> subprocess.CompletedProcess[str]:
 
 def status_json(pipeline: Any) -> dict[str, Any]:
     return dict(orjson.loads(status(pipeline, "--json").stdout))
-
-
-def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 def settled(report: dict[str, Any], server: str, dataset: str, completed: int) -> bool:
@@ -84,12 +73,15 @@ def test_status_and_metrics_match_the_true_counts(pipeline, write_prompts) -> No
     tokens = sum(table["num_tokens"].to_pylist())
     loss_tokens = sum(table["num_loss_tokens"].to_pylist())
 
-    deadline = time.monotonic() + 60
-    report = status_json(pipeline)
-    while not settled(report, url, pipeline.dataset, len(completions)):
-        assert time.monotonic() < deadline, f"status never settled: {report}"
-        time.sleep(1)
-        report = status_json(pipeline)
+    last: list[dict[str, Any]] = []
+
+    def settled_report() -> dict[str, Any] | None:
+        last[:] = [status_json(pipeline)]
+        return last[0] if settled(last[0], url, pipeline.dataset, len(completions)) else None
+
+    report = wait_for(
+        settled_report, 60, lambda: f"status to settle; last report: {last}", interval=1
+    )
 
     assert report["prompts"]["published"] == summary.published == PROMPTS
     assert report["completions"] == len(completions) == PROMPTS - generate_dead

@@ -1,0 +1,54 @@
+"""`draftgen report`: samples, tokens, lengths, drops, drift and duplicates of a dataset version,
+as JSON, PNG plots and one self-contained HTML page."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from streams.cli.flags import add_flags, build
+from streams.core.settings import KafkaSettings, ReportSettings
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "report", help="what a dataset version holds: JSON, PNG plots, one HTML page"
+    )
+    add_flags(parser, ReportSettings, skip=["kafka"])
+    # the broker is optional here and only read: no --partitions
+    add_flags(parser, KafkaSettings, only=["bootstrap", "topic_prefix"])
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from sinks.reader import DatasetReader
+    from sinks.shards import ShardStore
+    from streams.ops.report import build_report, read_kafka_facts, think_close_id
+    from streams.ops.report_render import write_report
+
+    settings = build(ReportSettings, args)
+    options = settings.storage.storage_options()
+    reader = DatasetReader(ShardStore(settings.storage.out, settings.dataset, options), options)
+    info = reader.info()
+    if info is None and not reader.shards():
+        raise FileNotFoundError(f"no dataset version {settings.dataset!r} under {reader.store.url}")
+    think_close, note = think_close_id(settings.tokenizer_dir or (info or {}).get("tokenizer_dir"))
+    kafka = (
+        asyncio.run(read_kafka_facts(settings.kafka, settings.dataset))
+        if settings.kafka is not None
+        else None
+    )
+    report = build_report(
+        reader, think_close=think_close, split_note=note, kafka=kafka, bins=settings.bins
+    )
+    written = write_report(report, Path(settings.output or f"report-{settings.dataset}"))
+    print(
+        f"{report['samples']} samples, {report['tokens']} tokens "
+        f"(loss {report['loss_fraction']}) in {report['shards']} shards"
+    )
+    if report["not_recorded"]:
+        print("not recorded: " + ", ".join(report["not_recorded"]))
+    print(f"report: {written['html']} (and {written['json'].name}, the PNG plots beside it)")
+    return 0
