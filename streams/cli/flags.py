@@ -115,7 +115,8 @@ def add_flags(
                 options["type"] = _converter(flag, annotation, field)
                 options["metavar"] = extra.get("metavar", name.upper())
             options.update({k: extra[k] for k in ("nargs", "const") if k in extra})
-            if field.default not in (None, ..., "") and "default" not in help_text:
+            shown = not field.is_required() and field.default not in (None, "")
+            if shown and "default" not in help_text:
                 help_text = f"{help_text} (default {field.default})".lstrip()
         parser.add_argument(flag, help=help_text or None, **options)
 
