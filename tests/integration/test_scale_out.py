@@ -22,6 +22,7 @@ from sinks.shards import ShardStore
 from streams.core.records import CompletionRecord
 from streams.core.settings import COMPLETIONS, KafkaSettings
 from streams.core.topics import ensure_topics
+from streams.ops.heartbeat import Heartbeat, HeartbeatReader
 from streams.ops.progress import dataset_figures
 from tests.polling import wait_for
 
@@ -70,6 +71,8 @@ def replay(pipeline: Any, dataset: str, name: str, *extra: str) -> ManagedProces
 
 def seal(pipeline: Any, dataset: str, timeout: float = 240) -> str:
     """`draftgen seal`: returns once the version has caught up with every completion."""
+    store = pipeline.store(dataset)
+    wait_for(lambda: store.manifest() is not None, 120, f"a worker to start {dataset}")
     done = subprocess.run(
         [
             *draftgen_argv("seal", "--out", pipeline.out, "--dataset", dataset, *pipeline.common),
@@ -168,21 +171,22 @@ def test_many_workers_one_outcome_per_prompt(pipeline, stage: str, tmp_path) -> 
 
 
 def test_latest_answer_wins_and_a_crash_before_the_marker_records_one_drop(pipeline) -> None:
-    # p00001 answered twice: the regenerated (later) answer is the one a version holds
-    first = [completion(i) for i in range(1, 6)]
-    produce(pipeline.kafka, first)
-    produce(pipeline.kafka, [completion(1, answer="A better, regenerated answer.")])
-    # p00025 is dropped by the policy; the worker dies after its dead letter, before the marker
-    produce(pipeline.kafka, [completion(25)])
+    store = pipeline.store("v1")
+    produce(pipeline.kafka, [completion(i) for i in range(1, 6)])
+    # the worker dies at its first dead letter, after sending it and before the window's marker
     crashing = pipeline.tokenize(dataset="v1", env={"DRAFTGEN_FAULT_AFTER_DEAD_LETTERS": "1"})
+    wait_for(lambda: "p00001" in dataset_figures(store).prompt_ids, 120, "p00001 committed")
+    # p00001 answered again (regenerated) after its first answer was committed; p00025 is
+    # dropped by the policy
+    regenerated_answer = "A better, regenerated answer."
+    produce(pipeline.kafka, [completion(1, answer=regenerated_answer), completion(25)])
     wait_for(lambda: not crashing.alive(), 120, "the worker to die after the dead letter")
     pipeline.tokenize(dataset="v1", name="again")
     seal(pipeline, "v1")
 
-    store = pipeline.store("v1")
     rows = rows_by_prompt(store)
     assert set(rows) == {f"p{i:05d}" for i in range(1, 6)}
-    regenerated = _rendered_ids(pipeline, completion(1, answer="A better, regenerated answer."))
+    regenerated = _rendered_ids(pipeline, completion(1, answer=regenerated_answer))
     assert rows["p00001"]["input_ids"] == regenerated
     assert regenerated != _rendered_ids(pipeline, completion(1))
     letters = [x for x in pipeline.dead_letters() if x.prompt_id == "p00025"]
@@ -207,3 +211,36 @@ def _rendered_ids(pipeline: Any, record: CompletionRecord) -> list[int]:
     builder = SampleBuilder(loaded.tokenizer, loaded.profile, prefer="rendered")
     sample = builder.build(record)
     return list(sample.input_ids)
+
+
+def test_memory_stays_within_the_budget_whatever_the_backlog(pipeline) -> None:
+    """A replay of a backlog ten times the open-window budget: the worker's peak stays within
+    the budget plus one record, and every completion still ends once."""
+    records = [completion(i, answer="word " * 200) for i in range(1, 400)]
+    size = max(len(r.encode()) for r in records)
+    budget = 40 * size
+    assert sum(len(r.encode()) for r in records) > 9 * budget
+    produce(pipeline.kafka, records)
+    replay(
+        pipeline,
+        "small",
+        "replay",
+        *("--max-open-bytes", str(budget), "--shard-records", "2000", "--heartbeat-interval", "1"),
+    )
+
+    def peak() -> float | None:
+        async def read() -> list[Heartbeat]:
+            reader = HeartbeatReader(pipeline.kafka)
+            try:
+                return list((await reader.poll()).values())
+            finally:
+                await reader.close()
+
+        gauges = [b.gauges for b in asyncio.run(read()) if b.label == "small"]
+        return gauges[0].get("peak_open_bytes") if gauges else None
+
+    seal(pipeline, "small")
+    wait_for(lambda: (peak() or 0) > 0, 60, "a heartbeat with the peak")
+    assert (peak() or 0) <= budget + size
+    rows = rows_by_prompt(pipeline.store("small"))
+    assert len(rows) + len(pipeline.store("small").sealed().dropped) == len(records)
