@@ -108,7 +108,7 @@ def main() -> None:
                 topic_prefix=f"b{uuid.uuid4().hex[:6]}-",
                 partitions=PARTITIONS,
             )
-            tokenizer = build_qwen36_tokenizer(root / "qwen36-real", vocab="real")
+            tokenizer = build_qwen36_tokenizer(root / "qwen36-real", vocab="qwen")
             records = []
             for index in range(args.completions):
                 answer = " ".join(rng.choice(WORDS) for _ in range(args.words))
