@@ -1,26 +1,28 @@
-"""Where a dataset version's files live. Shard keys hold the start offset only, so a shard
-rewritten after a crash replaces the same object (the Kafka S3 sink's recipe)."""
+"""Where a dataset version's files live. A shard's key is its partition, start offset and the
+writer's consumer-group generation: a window rewritten after a crash by the same generation
+replaces the same object (the Kafka S3 sink's recipe); a new owner's rewrite sits beside a
+zombie's, and the newer generation wins (sinks/resolve.py)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
-_SHARD_NAME = re.compile(r"part-(\d{4})-(\d{12})\.(arrow|json)$")
+_SHARD_NAME = re.compile(r"part-(\d{4})-(\d{12})-g(\d{8})\.(arrow|json)$")
 
 
-def shard_stem(partition: int, start_offset: int) -> str:
-    if partition < 0 or start_offset < 0:
-        raise ValueError("partition and offset must be non-negative")
-    return f"part-{partition:04d}-{start_offset:012d}"
+def shard_stem(partition: int, start_offset: int, generation: int = 0) -> str:
+    if partition < 0 or start_offset < 0 or generation < 0:
+        raise ValueError("partition, offset and generation must be non-negative")
+    return f"part-{partition:04d}-{start_offset:012d}-g{generation:08d}"
 
 
-def parse_shard_name(name: str) -> tuple[int, int]:
-    """(partition, start_offset) from a shard or marker file name."""
+def parse_shard_name(name: str) -> tuple[int, int, int]:
+    """(partition, start_offset, generation) from a shard or marker file name."""
     match = _SHARD_NAME.search(name)
     if not match:
         raise ValueError(f"not a shard name: {name!r}")
-    return int(match.group(1)), int(match.group(2))
+    return int(match.group(1)), int(match.group(2)), int(match.group(3))
 
 
 @dataclass(frozen=True)
@@ -51,8 +53,8 @@ class DatasetLayout:
     def committed_dir(self) -> str:
         return f"{self.base}/_committed"
 
-    def shard(self, partition: int, start_offset: int) -> str:
-        return f"{self.data_dir}/{shard_stem(partition, start_offset)}.arrow"
+    def shard(self, partition: int, start_offset: int, generation: int = 0) -> str:
+        return f"{self.data_dir}/{shard_stem(partition, start_offset, generation)}.arrow"
 
-    def marker(self, partition: int, start_offset: int) -> str:
-        return f"{self.committed_dir}/{shard_stem(partition, start_offset)}.json"
+    def marker(self, partition: int, start_offset: int, generation: int = 0) -> str:
+        return f"{self.committed_dir}/{shard_stem(partition, start_offset, generation)}.json"

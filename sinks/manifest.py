@@ -40,6 +40,10 @@ class SealedManifest:
     tokens: int
     # prompt ids that ended as a recorded drop, by reason kind (policy or error)
     drops: dict[str, int] = field(default_factory=dict)
+    # each dropped prompt id and its reason kind
+    dropped: dict[str, str] = field(default_factory=dict)
+    # rows written, then replaced by a later answer of the same prompt (excluded)
+    replaced: int = 0
     # end offset (exclusive) of each completions partition the version covers
     offsets: dict[str, int] = field(default_factory=dict)
     v: int = MANIFEST_VERSION

@@ -5,7 +5,8 @@ Which rows make the version:
 
 - sealed (`sealed.json`, sinks/manifest.py): exactly the manifest's shards, less its excluded
   rows; nothing else is listed.
-- not sealed: every shard with a commit marker (sinks/shards.py), as the markers are now. A
+- not sealed: the shards with a commit marker that count now (sinks/resolve.py: fenced by the
+  writer's generation, rows replaced by a later answer left out). A
   stream asked to `follow` lists the markers again every `poll_s` seconds and reads the shards
   committed since, until the version is sealed (then it reads what the manifest adds and stops),
   `idle_timeout_s` passes without a new shard, or `stop` says so.
@@ -30,7 +31,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
 
+from sinks.layout import parse_shard_name
 from sinks.manifest import SealedManifest
+from sinks.resolve import resolve
 from sinks.shards import SHARD_SCHEMA, ShardMarker, ShardStore
 
 # listings a shard may fail its check in a row (rewritten under us) before it is an error
@@ -51,10 +54,16 @@ class ShardRef:
     rows: int
     sha256: str = ""
     exclude: frozenset[int] = frozenset()
+    generation: int = 0
 
     @property
     def key(self) -> tuple[int, int]:
+        # unique among the windows that count, which never overlap
         return (self.partition, self.start_offset)
+
+    @property
+    def marker_key(self) -> tuple[int, int, int]:
+        return (self.partition, self.start_offset, self.generation)
 
     @property
     def kept(self) -> int:
@@ -108,8 +117,8 @@ class DatasetReader:
 
     def markers(self) -> list[ShardMarker]:
         """The commit markers of the version's shards (drift, truncation, ids written)."""
-        keys = {ref.key for ref in self.shards()}
-        return [m for m in self.store.markers() if (m.partition, m.start_offset) in keys]
+        keys = {ref.marker_key for ref in self.shards()}
+        return [m for m in self.store.markers() if m.key in keys]
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -224,6 +233,7 @@ def sealed_shards(store: ShardStore, manifest: SealedManifest) -> list[ShardRef]
             rows=entry.rows,
             sha256=entry.sha256,
             exclude=frozenset(entry.exclude),
+            generation=parse_shard_name(entry.path)[2],
         )
         for entry in manifest.shards
         if entry.kept > 0
@@ -253,16 +263,20 @@ def committed_shards(store: ShardStore, cache: _MarkerCache) -> list[ShardRef]:
     if new:
         for path, raw in store.fs.cat(new, on_error="omit").items():
             cache.markers[os.path.basename(str(path))] = ShardMarker.decode(raw)
+    # the windows that count and the rows replaced by a later answer (sinks/resolve.py)
+    resolution = resolve(cache.markers.values())
     refs = [
         ShardRef(
-            path=store.layout.shard(m.partition, m.start_offset),
+            path=store.shard_path(m),
             partition=m.partition,
             start_offset=m.start_offset,
             rows=m.rows,
             sha256=m.sha256,
+            exclude=frozenset(resolution.exclude.get(m.key, ())),
+            generation=m.generation,
         )
-        for m in cache.markers.values()
-        if m.rows > 0
+        for m in resolution.windows
+        if m.rows > len(resolution.exclude.get(m.key, ()))
     ]
     return sorted(refs, key=lambda ref: ref.key)
 
@@ -364,7 +378,7 @@ class SampleStream:
                         raise
                     # rewritten under us (a crashed window redone): its new marker is the truth
                     cache.markers.pop(
-                        os.path.basename(self.reader.store.layout.marker(*ref.key)), None
+                        os.path.basename(self.reader.store.layout.marker(*ref.marker_key)), None
                     )
                     changed = True
                     continue

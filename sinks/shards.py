@@ -9,8 +9,9 @@ import hashlib
 import os
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import fsspec
@@ -19,6 +20,9 @@ import orjson
 import pyarrow as pa
 
 from sinks.layout import DatasetLayout, parse_shard_name
+from sinks.manifest import SealedManifest, ShardEntry
+from sinks.marker import ShardMarker
+from sinks.resolve import Resolution, resolve
 
 SHARD_SCHEMA = pa.schema(
     [
@@ -52,35 +56,6 @@ class SampleRow:
     @property
     def num_tokens(self) -> int:
         return len(self.input_ids)
-
-
-@dataclass(frozen=True)
-class ShardMarker:
-    """The commit marker: what a shard holds, so readers and restarts need not open it."""
-
-    partition: int
-    start_offset: int
-    end_offset: int
-    rows: int
-    tokens: int
-    loss_tokens: int
-    sha256: str
-    prompt_ids: list[str]
-    written_at: float
-    # drift report: samples whose rendering was compared with the server's ids, and how many
-    # of those differ; samples cut to --max-seq-len. Defaults let older markers decode.
-    compared: int = 0
-    drifted: int = 0
-    truncated: int = 0
-
-    def encode(self) -> bytes:
-        return orjson.dumps(self.__dict__)
-
-    @classmethod
-    def decode(cls, raw: bytes) -> ShardMarker:
-        # Fields a newer writer added are ignored, so a reader may be older than the writer.
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in orjson.loads(raw).items() if k in known})
 
 
 def _list_array(rows: Sequence[Sequence[int]], dtype: Any, arrow_type: pa.DataType) -> pa.Array:
@@ -154,13 +129,20 @@ class ShardStore:
         self._put(self.layout.manifest, orjson.dumps(info, option=orjson.OPT_INDENT_2))
 
     def write_shard(
-        self, partition: int, start_offset: int, end_offset: int, rows: Sequence[SampleRow]
+        self,
+        partition: int,
+        start_offset: int,
+        end_offset: int,
+        rows: Sequence[SampleRow],
+        *,
+        generation: int = 0,
+        drops: dict[str, str] | None = None,
     ) -> ShardMarker:
         """Write the shard, then its marker. A window with no samples gets a marker only."""
         table = rows_to_table(rows)
         data = table_to_ipc_stream(table)
         if rows:
-            self._put(self.layout.shard(partition, start_offset), data)
+            self._put(self.layout.shard(partition, start_offset, generation), data)
         marker = ShardMarker(
             partition=partition,
             start_offset=start_offset,
@@ -174,15 +156,19 @@ class ShardStore:
             compared=sum(r.drift is not None for r in rows),
             drifted=sum(r.drift is True for r in rows),
             truncated=sum(r.truncated for r in rows),
+            generation=generation,
+            drops=dict(drops or {}),
+            row_tokens=table["num_tokens"].to_pylist(),
+            row_loss_tokens=table["num_loss_tokens"].to_pylist(),
         )
-        self._put(self.layout.marker(partition, start_offset), marker.encode())
+        self._put(self.layout.marker(partition, start_offset, generation), marker.encode())
         return marker
 
-    def delete_window(self, partition: int, start_offset: int) -> None:
+    def delete_window(self, partition: int, start_offset: int, generation: int = 0) -> None:
         """Marker first, so a reader never sees the shard unmarked-but-trusted."""
         for path in (
-            self.layout.marker(partition, start_offset),
-            self.layout.shard(partition, start_offset),
+            self.layout.marker(partition, start_offset, generation),
+            self.layout.shard(partition, start_offset, generation),
         ):
             if self.fs.exists(path):
                 self.fs.rm_file(path)
@@ -202,20 +188,89 @@ class ShardStore:
         contents = self.fs.cat(paths)
         return [ShardMarker.decode(contents[p]) for p in paths]
 
+    def committed(self, offsets: dict[int, int] | None = None) -> Resolution:
+        """What the version holds now: the windows that count and each prompt's latest outcome;
+        with `offsets` (the group's committed offsets), only what is settled below them."""
+        return resolve(self.markers(), offsets)
+
+    def sealed(self) -> SealedManifest | None:
+        """The sealed manifest, if the version was sealed (`draftgen seal`)."""
+        self.fs.invalidate_cache(self.layout.base)
+        if not self.fs.exists(self.layout.sealed):
+            return None
+        return SealedManifest.decode(self.fs.cat_file(self.layout.sealed))
+
+    def seal(self, offsets: dict[int, int]) -> SealedManifest:
+        """Write the manifest of exactly the windows and rows settled below `offsets`."""
+        resolution = self.committed(offsets)
+        entries, tokens = [], 0
+        for marker in resolution.windows:
+            excluded = resolution.exclude.get(marker.key, [])
+            tokens += marker.tokens - sum(marker.row_tokens[i] for i in excluded)
+            if marker.rows == 0:
+                continue
+            entries.append(
+                ShardEntry(
+                    path=self.shard_path(marker).removeprefix(self.layout.base + "/"),
+                    partition=marker.partition,
+                    start_offset=marker.start_offset,
+                    end_offset=marker.end_offset,
+                    rows=marker.rows,
+                    sha256=marker.sha256,
+                    exclude=list(excluded),
+                )
+            )
+        manifest = SealedManifest(
+            dataset=self.layout.dataset,
+            sealed_at=time.time(),
+            shards=entries,
+            samples=len(resolution.samples),
+            tokens=tokens,
+            drops=dict(Counter(resolution.drops.values())),
+            dropped=dict(resolution.drops),
+            offsets={str(p): o for p, o in sorted(offsets.items())},
+            replaced=sum(len(x) for x in resolution.exclude.values()),
+        )
+        self._put(self.layout.sealed, manifest.encode())
+        return manifest
+
+    def shard_path(self, marker: ShardMarker) -> str:
+        return self.layout.shard(marker.partition, marker.start_offset, marker.generation)
+
     def committed_shard_paths(self) -> list[str]:
-        return [
-            self.layout.shard(m.partition, m.start_offset) for m in self.markers() if m.rows > 0
-        ]
+        return [self.shard_path(m) for m in self.committed().windows if m.rows > 0]
 
     def committed_shard_urls(self) -> list[str]:
-        """Full URLs (with protocol) of committed shards, for pyarrow / datasets readers."""
+        """Full URLs (with protocol) of committed shards, for pyarrow / datasets readers. A shard
+        may also hold superseded rows (`committed().exclude`); `read_table` leaves them out."""
         return [self.fs.unstrip_protocol(p) for p in self.committed_shard_paths()]
 
+    def read_shard(self, marker: ShardMarker) -> pa.Table:
+        with self.fs.open(self.shard_path(marker), "rb") as handle:
+            return pa.ipc.open_stream(handle).read_all()
+
     def read_table(self) -> pa.Table:
+        """Every sample of the version, each prompt id once (its latest answer): the sealed
+        manifest's rows when there is one, else the committed shards' as resolved now."""
+        sealed = self.sealed()
+        if sealed is not None:
+            parts = [(f"{self.layout.base}/{e.path}", e.exclude) for e in sealed.shards]
+        else:
+            resolution = self.committed()
+            parts = [
+                (self.shard_path(m), resolution.exclude.get(m.key, []))
+                for m in resolution.windows
+                if m.rows > 0
+            ]
         tables = []
-        for path in self.committed_shard_paths():
+        for path, excluded in parts:
             with self.fs.open(path, "rb") as handle:
-                tables.append(pa.ipc.open_stream(handle).read_all())
+                table = pa.ipc.open_stream(handle).read_all()
+            if excluded:
+                keep = np.ones(table.num_rows, dtype=bool)
+                keep[excluded] = False
+                table = table.filter(pa.array(keep))
+            tables.append(table)
         return pa.concat_tables(tables) if tables else SHARD_SCHEMA.empty_table()
 
     def manifest(self) -> dict[str, Any] | None:

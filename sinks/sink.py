@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
 
 from sinks.shards import SampleRow, ShardMarker, ShardStore
@@ -31,23 +32,33 @@ class Admitted(Generic[T]):
     """What an event contributes to its window."""
 
     item: T
-    # the id written at most once per dataset version (None: not deduplicated, e.g. a dead letter)
+    # the prompt id: a later item of the same key in the window replaces the earlier one
+    # (latest answer wins); None: not keyed (an undecodable record without a key)
     key: str | None = None
     # counted against the window's token budget
     tokens: int = 0
+    # counted against the memory budget of all open windows (the record's size is a proxy)
+    size: int = 0
+
+
+@dataclass
+class Prepared:
+    """A window's content at flush: its rows, and the keys that ended as a recorded drop."""
+
+    rows: list[SampleRow]
+    drops: dict[str, str] = field(default_factory=dict)
 
 
 class SinkStage(Protocol[T]):
     """What the sink asks of the stage that feeds it. Called with the sink's lock held."""
 
-    def admit(self, tp: Hashable, event: Event) -> Admitted[T] | None:
-        """The event's item, or None to skip it (a duplicate: see `ShardSink.seen`). Either way
-        the event belongs to the window and is acked with it."""
+    def admit(self, tp: Hashable, event: Event) -> Admitted[T]:
+        """The event's item; the event belongs to the window and is acked with it."""
         ...
 
-    async def prepare(self, items: list[T]) -> list[SampleRow]:
-        """At flush: the window's rows. Whatever does not become a row (dead letters) must be
-        durable when this returns, since the window's offsets may be committed after it."""
+    async def prepare(self, items: list[T]) -> Prepared:
+        """At flush: the window's rows and drops. Dead letters sent to Kafka for the drops must
+        be durable when this returns, since the window's offsets may be committed after it."""
         ...
 
     def committed(self, marker: ShardMarker, items: list[T]) -> None:
@@ -57,42 +68,67 @@ class SinkStage(Protocol[T]):
 
 
 @dataclass
+class SinkStats:
+    replaced: int = 0  # items replaced by a later one of the same key in their window
+    open_bytes: int = 0  # held by all open windows now
+    peak_open_bytes: int = 0
+    budget_flushes: int = 0  # windows flushed early to stay within the memory budget
+    adopted: int = 0  # partitions adopted
+    removed: int = 0  # uncommitted windows removed at adoption
+
+
+@dataclass
 class _Window(Generic[T]):
     partition: int
     start_offset: int
+    generation: int
     opened_at: float
     end_offset: int = -1
     events: list[Event] = field(default_factory=list)
     items: list[T] = field(default_factory=list)
-    keys: set[str] = field(default_factory=set)
+    index: dict[str, int] = field(default_factory=dict)  # key → position in items
     tokens: int = 0
+    size: int = 0
 
 
 class ShardSink(Generic[T]):
     """Windows of contiguous offsets of one partition, written as a shard and a commit marker.
 
-    Guarantee, with one writer per dataset version: an offset is committed only after the shard
-    and marker of its window are durable, and each key is in at most one committed shard.
+    Guarantee, with any number of writers per dataset version (each partition is owned by one
+    consumer of the group at a time, and a revoked one may still be finishing a write): every
+    offset is covered by exactly one window that counts, an offset is committed only after its
+    window's shard and marker are durable, and every prompt id has one outcome (a row or a
+    recorded drop), the one of its latest completion.
 
-    - A window is flushed at `max_records` events, `max_tokens` tokens, or `idle_flush_s` after
-      it opened. A flush makes the stage's dead letters durable (`prepare`), writes the shard,
-      then its marker (each one durable write), then calls `committed`, then acks the window's
-      events; only acked offsets are committed. Storage I/O is retried with backoff until it
-      succeeds; the window stays unacked meanwhile.
-    - A shard's key is its partition and start offset. A crash between shard and marker leaves
-      a shard without a marker, which readers ignore; a crash between marker and acks (or
-      before the acked offsets are committed) leaves a marker at or after the committed offset,
-      removed on adoption (below). Either way the partition is consumed again from the
-      committed offset, and a window starting at the same offset is rewritten under the same
-      key; dead letters may be sent twice.
-    - A partition is adopted on its first event after assignment, whose offset is the
-      committed position: markers at or after it (never committed) are deleted with their
-      shards; the keys of the markers before it are committed, and `seen` reports them.
-    - On revoke, open windows are dropped unacked; the new owner consumes them again.
-    - Readers trust only shards that have a marker.
-    - Known limit: run one writer (tokenize worker) per dataset version. With two, a window
-      being written when its partition is revoked can race its new owner on the same key
-      (last write wins) and leave overlapping windows.
+    - Writing. A window is flushed at `max_records` events, `max_tokens` tokens, `idle_flush_s`
+      after it opened (continuous ingestion must not wait for the next record), or when all
+      open windows together hold more than `max_open_bytes` (the largest is flushed first). A
+      flush asks the stage for the rows and drops (`prepare`, which makes its dead letters
+      durable), writes the shard, then its marker, each one durable write, then calls
+      `committed`, then acks the window's events; faust commits acked offsets. Storage I/O is
+      retried with backoff until it succeeds; the window stays unacked meanwhile.
+    - Keys and fencing. A window's key is (partition, start offset, the consumer-group
+      generation in which the partition was adopted). Window bounds depend on timing (idle and
+      memory flushes), so a rewrite after a crash or a rebalance may end elsewhere than the
+      first write; instead of relying on equal bounds, readers resolve (sinks/resolve.py): a
+      window overlapping one of a newer generation (or of the same generation, written later)
+      does not count. The partition's new owner rewrites from the committed offset, so a
+      zombie's late write, whatever its bounds, is always overlapped and ignored.
+    - Adoption. A partition is adopted on its first event after assignment, whose offset is
+      the committed position. Markers at or after it of an older or equal generation were never
+      committed and are about to be rewritten: they are removed (an optimisation; resolution
+      would ignore them anyway). Nothing before it is read: dedup is by resolution, not here.
+    - Latest answer wins. Within a window a later item of the same key replaces the earlier
+      one; across windows the reader keeps the prompt's last outcome in offset order.
+    - Crashes. Between shard and marker: a shard without a marker, which readers ignore.
+      Between marker and acks: a marker at or after the committed offset, rewritten by the next
+      owner under its own generation. Dead letters sent in `prepare` may then be sent twice;
+      the recorded drop in the marker that counts is one.
+    - Revoke. Open windows are dropped unacked; the new owner consumes them again. A window
+      being written when its partition is revoked is never acked. An event delivered before its
+      partition was revoked (the agent waited for the lock, or was adopting) is dropped unacked:
+      it must neither adopt the partition in the next generation nor join a window of it.
+    - Memory. Open windows hold at most `max_open_bytes` of records (plus the one being added).
     """
 
     def __init__(
@@ -103,6 +139,8 @@ class ShardSink(Generic[T]):
         max_records: int,
         max_tokens: int,
         idle_flush_s: float,
+        max_open_bytes: int = 256 * 1024 * 1024,
+        generation: Callable[[], int] = lambda: 0,
         backoff: Backoff = STORAGE_BACKOFF,
         clock: Callable[[], float] = time.monotonic,
     ):
@@ -111,39 +149,53 @@ class ShardSink(Generic[T]):
         self.max_records = max_records
         self.max_tokens = max_tokens
         self.idle_flush_s = idle_flush_s
+        self.max_open_bytes = max_open_bytes
+        self.generation = generation
         self.backoff = backoff
         self.clock = clock
+        self.stats = SinkStats()
         self._windows: dict[Hashable, _Window[T]] = {}
-        # per adopted partition: the keys of its committed windows (absent: not adopted)
-        self._committed: dict[Hashable, set[str]] = {}
+        # per adopted partition: the generation it was adopted in (absent: not adopted)
+        self._adopted: dict[Hashable, int] = {}
+        # per partition: times revoked; an event delivered before its partition's revocation is
+        # stale, and an adoption the partition was revoked during does not hold
+        self._revocations: dict[Hashable, int] = {}
         self._lock = asyncio.Lock()
 
     async def add(self, event: Event) -> None:
-        """Add a consumed event to its partition's window; flush the window when it is full."""
+        """Add a consumed event to its partition's window; flush what is full."""
         tp = event.message.tp
         offset = int(event.message.offset)
+        revocations = self._revocations.get(tp, 0)  # as delivered, before any wait
         async with self._lock:
-            if tp not in self._committed:
+            if tp not in self._adopted and self._revocations.get(tp, 0) == revocations:
                 await self._adopt(tp, offset)
+            if self._revocations.get(tp, 0) != revocations:
+                return  # revoked since delivered (waiting or adopting): unacked, consumed again
             window = self._windows.get(tp)
             if window is None:
-                window = _Window(tp.partition, offset, opened_at=self.clock())
+                window = _Window(tp.partition, offset, self._adopted[tp], opened_at=self.clock())
                 self._windows[tp] = window
             window.events.append(event)
             window.end_offset = offset
             admitted = self.stage.admit(tp, event)
-            if admitted is not None:
-                window.items.append(admitted.item)
+            at = window.index.get(admitted.key) if admitted.key is not None else None
+            if at is None:
                 if admitted.key is not None:
-                    window.keys.add(admitted.key)
-                window.tokens += admitted.tokens
+                    window.index[admitted.key] = len(window.items)
+                window.items.append(admitted.item)
+            else:
+                window.items[at] = admitted.item  # a later answer of the same prompt
+                self.stats.replaced += 1
+            window.tokens += admitted.tokens
+            window.size += admitted.size
+            self._grow(admitted.size)
             if len(window.events) >= self.max_records or window.tokens >= self.max_tokens:
                 await self._flush(tp)
-
-    def seen(self, tp: Hashable, key: str) -> bool:
-        """`key` is in the partition's open window or in one of its committed markers."""
-        window = self._windows.get(tp)
-        return (window is not None and key in window.keys) or key in self._committed.get(tp, ())
+            while self.stats.open_bytes > self.max_open_bytes and self._windows:
+                largest = max(self._windows, key=lambda key: self._windows[key].size)
+                self.stats.budget_flushes += 1
+                await self._flush(largest)
 
     async def flush_idle(self) -> None:
         """Flush the windows open for `idle_flush_s` or longer (called by a timer)."""
@@ -153,56 +205,70 @@ class ShardSink(Generic[T]):
                 await self._flush(tp)
 
     def on_revoked(self, partitions: Iterable[Hashable]) -> None:
-        """Drop the partitions' open windows unacked (the new owner redoes them) and their
-        committed keys (re-read from the markers if they come back)."""
+        """Drop the partitions' open windows unacked (the new owner redoes them)."""
         for tp in partitions:
-            self._windows.pop(tp, None)
-            self._committed.pop(tp, None)
+            window = self._windows.pop(tp, None)
+            if window is not None:
+                self._grow(-window.size)
+            self._adopted.pop(tp, None)
+            self._revocations[tp] = self._revocations.get(tp, 0) + 1
 
     # -- the protocol --------------------------------------------------------------------------
 
+    def _grow(self, size: int) -> None:
+        self.stats.open_bytes += size
+        self.stats.peak_open_bytes = max(self.stats.peak_open_bytes, self.stats.open_bytes)
+
     async def _adopt(self, tp: Any, first_offset: int) -> None:
         """First event of a partition since (re)assignment: `first_offset` is the committed
-        position. Markers at or past it are from windows written but never committed: they are
-        removed, since they are about to be rewritten, possibly with other window bounds.
-        Markers before it hold the keys to skip."""
+        position, `generation()` the group generation of this assignment."""
+        generation = self.generation()
+        revocations = self._revocations.get(tp, 0)
         markers = await self._io("reading markers", self.store.markers, tp.partition)
-        committed: set[str] = set()
-        for marker in markers:
-            if marker.start_offset >= first_offset:
-                await self._io(
-                    "removing an uncommitted shard",
-                    self.store.delete_window,
-                    marker.partition,
-                    marker.start_offset,
-                )
-            else:
-                committed.update(marker.prompt_ids)
-        self._committed[tp] = committed
+        stale = [
+            m for m in markers if m.start_offset >= first_offset and m.generation <= generation
+        ]
+        for marker in stale:
+            await self._io(
+                "removing an uncommitted shard",
+                self.store.delete_window,
+                marker.partition,
+                marker.start_offset,
+                marker.generation,
+            )
+        if self._revocations.get(tp, 0) != revocations:
+            return  # revoked meanwhile: not ours in this generation
+        self._adopted[tp] = generation
+        self.stats.adopted += 1
+        self.stats.removed += len(stale)
         log.info(
-            "partition %s: %d prompt ids already committed, resuming at offset %d",
+            "partition %s: adopted at offset %d in generation %d (%d uncommitted windows removed)",
             tp.partition,
-            len(committed),
             first_offset,
+            generation,
+            len(stale),
         )
 
     async def _flush(self, tp: Hashable) -> None:
         window = self._windows.pop(tp, None)
         if window is None:
             return
-        rows = await self.stage.prepare(window.items)
+        self._grow(-window.size)
+        prepared = await self.stage.prepare(window.items)
         marker = await self._io(
             "writing a shard",
-            self.store.write_shard,
-            window.partition,
-            window.start_offset,
-            window.end_offset,
-            rows,
+            partial(
+                self.store.write_shard,
+                window.partition,
+                window.start_offset,
+                window.end_offset,
+                prepared.rows,
+                generation=window.generation,
+                drops=prepared.drops,
+            ),
         )
-        committed = self._committed.get(tp)
-        if committed is None:
-            return  # revoked while writing: its new owner re-adopts it from the markers
-        committed.update(window.keys)
+        if self._adopted.get(tp) != window.generation:
+            return  # revoked while writing (maybe re-adopted since): never acked, redone
         self.stage.committed(marker, window.items)
         for event in window.events:
             event.ack()

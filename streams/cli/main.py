@@ -11,12 +11,23 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from streams.cli import dead_letters, emulate, export, publish, replay, report, run, status, worker
+from streams.cli import (
+    dead_letters,
+    emulate,
+    export,
+    publish,
+    replay,
+    report,
+    run,
+    seal,
+    status,
+    worker,
+)
 from streams.cli.flags import add_flags, build
 from streams.core.errors import CliError
 from streams.core.settings import LogSettings
 
-COMMANDS = (run, publish, worker, replay, dead_letters, status, export, report, emulate)
+COMMANDS = (run, publish, worker, replay, seal, dead_letters, status, export, report, emulate)
 
 
 class Parser(argparse.ArgumentParser):

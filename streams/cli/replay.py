@@ -11,11 +11,15 @@ already built (a restarted replay of the same name resumes its own group).
 from __future__ import annotations
 
 import argparse
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
+from streams.cli.flags import add_flags, build, settings_file
 from streams.cli.worker import add_tokenize_flags, run_tokenize
 from streams.core.errors import CliError
-from streams.core.settings import TokenizeSettings
+from streams.core.settings import ObserveSettings, ReplaySettings, TokenizeSettings
 
 REPLAY_MANIFEST = {"replay": True, "replay_from": "completions@earliest"}
 
@@ -43,8 +47,44 @@ def register(commands: Any) -> None:
         help="build a new dataset version from the stored completions (nothing regenerated)",
     )
     add_tokenize_flags(parser)
+    add_flags(parser, ReplaySettings)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_tokenize(args, check)
+    replay = build(ReplaySettings, args)
+    if replay.workers == 1:
+        return run_tokenize(args, check)
+    return run_workers(args, replay)
+
+
+def run_workers(args: argparse.Namespace, replay: ReplaySettings) -> int:
+    """N replay workers as child processes of this one, until one fails or we are stopped."""
+    from compose.stack import LocalStack
+    from sinks.shards import ShardStore
+    from streams.cli.run import write_settings
+
+    file = settings_file(args)
+    settings = build(TokenizeSettings, args, base=file.get("tokenize"))
+    observe = build(ObserveSettings, args, base=file.get("observe"))
+    if observe.metrics_port:  # one port cannot serve N workers: each takes a free one
+        observe = observe.model_copy(update={"metrics_port": 0})
+    store = ShardStore(settings.storage.out, settings.dataset, settings.storage.storage_options())
+    check(store.manifest(), settings)  # refuse before starting anything
+    workdir = Path(replay.workdir or Path("runs") / time.strftime("replay-%Y%m%d-%H%M%S"))
+    path = write_settings(workdir.resolve(), "replay", tokenize=settings, observe=observe)
+    stack = LocalStack(workdir.resolve())
+    argv = ["--log-level", args.log_level, "replay", "--settings", str(path)]
+    try:
+        workers = [stack.start_worker(f"replay-{i}", argv) for i in range(replay.workers)]
+        print(
+            f"draftgen replay: {replay.workers} workers on {settings.dataset}; logs in "
+            f"{workdir / 'logs'}",
+            file=sys.stderr,
+        )
+        while all(worker.alive() for worker in workers):
+            time.sleep(1.0)  # supervising children: nothing to await but their exit
+        failed = next(worker for worker in workers if not worker.alive())
+        raise CliError(f"worker {failed.name} exited; see {failed.log_path}")
+    finally:
+        stack.stop_all()

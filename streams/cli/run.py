@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,18 +62,20 @@ async def wait_until_done(
     timeout_s: float,
     show_progress: bool = True,
 ) -> RunResult:
-    """Until every expected prompt id is a committed sample or a dead letter."""
+    """Until every expected prompt id has its outcome: a committed sample or a recorded drop of
+    the dataset version, or a dead letter of the publish or generate stage."""
     started = time.monotonic()
     reader = DeadLetterReader(kafka)
     try:
         while True:
             figures = await asyncio.to_thread(dataset_figures, store)
             tally = await reader.poll()
+            upstream = tally.ids_before(TOKENIZE_STAGE)
             # every-turn conversations are done when each of their turns is
-            done = len(finished(expected, figures.prompt_ids | tally.prompt_ids))
+            done = len(finished(expected, figures.prompt_ids | upstream))
             if show_progress:
                 print(
-                    f"\rsamples {figures.samples}, dead letters {len(tally.prompt_ids)}, "
+                    f"\rsamples {figures.samples}, dropped {len(figures.drops) + len(upstream)}, "
                     f"done {done}/{len(expected)}",
                     end="",
                     file=sys.stderr,
@@ -92,6 +95,7 @@ async def wait_until_done(
         await reader.close()
 
 
+TOKENIZE_STAGE = "tokenize"
 # what `run` lets the user set of its tokenize worker (the rest is decided by `run`)
 TOKENIZE_FLAGS = ("measure_drift", "policy")
 
@@ -173,7 +177,8 @@ def run_pipeline(args: argparse.Namespace) -> int:
             idle_flush_s=settings.idle_flush_s,
         )
         path = write_settings(workdir, "tokenize", tokenize=tokenize, observe=ObserveSettings())
-        workers.append(start("tokenize", "tokenize", path))
+        for index in range(settings.tokenize_workers):
+            workers.append(start(f"tokenize-{index}", "tokenize", path))
         store = ShardStore(out, settings.dataset, storage.storage_options())
         try:
             result = asyncio.run(
@@ -211,12 +216,19 @@ def print_summary(result: RunResult, dataset_url: str, workdir: Path) -> None:
         print("  drift        not measured (no sample with server ids was compared)")
     if figures.truncated:
         print(f"  truncated    {figures.truncated} samples cut to --max-seq-len")
-    policy = sorted((k, n) for k, n in tally.by_reason.items() if is_policy_drop(k[1]))
-    print(f"  policy drops {len(tally.policy_ids)} (dropped by the sample policy, not failures)")
-    for (_, kind), count in policy:
+    if figures.replaced:
+        print(f"  replaced     {figures.replaced} earlier answers (latest answer wins)")
+    # this version's drops are its markers' (once each); earlier stages' are dead letters
+    drops = Counter(figures.drops.values())
+    policy = sorted((k, n) for k, n in drops.items() if is_policy_drop(k))
+    dropped = sum(n for _, n in policy)
+    print(f"  policy drops {dropped} (by the sample policy, not failures)")
+    for kind, count in policy:
         print(f"    {kind.removeprefix(POLICY_PREFIX)}: {count}")
-    print(f"  dead letters {len(tally.prompt_ids - tally.policy_ids)}")
-    for (stage, kind), count in sorted(tally.by_reason.items()):
-        if not is_policy_drop(kind):
-            print(f"    {stage}/{kind}: {count}")
+    upstream = {k: n for k, n in tally.by_reason.items() if k[0] != TOKENIZE_STAGE}
+    errors = {(TOKENIZE_STAGE, k): n for k, n in drops.items() if not is_policy_drop(k)}
+    failed = len(tally.ids_before(TOKENIZE_STAGE)) + sum(errors.values())
+    print(f"  dead letters {failed}")
+    for (stage, kind), count in sorted({**upstream, **errors}.items()):
+        print(f"    {stage}/{kind}: {count}")
     print(f"  logs         {workdir / 'logs'}")

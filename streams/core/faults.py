@@ -24,3 +24,5 @@ class CrashPoint:
 
 # between a shard's commit marker and the acks that let its offsets be committed
 AFTER_MARKER = "AFTER_MARKER"
+# between a window's dead letters (sent) and its marker (not yet written)
+AFTER_DEAD_LETTERS = "AFTER_DEAD_LETTERS"

@@ -301,6 +301,14 @@ class TokenizeSettings(Settings):
     idle_flush_s: float = setting(
         10.0, flag="--idle-flush", help="seconds before an idle partition's open shard is written"
     )
+    # what all open windows of a worker may hold together (records' bytes); past it the largest
+    # window is flushed early: memory stays bounded whatever the backlog (sinks/sink.py)
+    max_open_bytes: int = setting(
+        256 * 1024 * 1024,
+        flag="--max-open-bytes",
+        help="bytes of records all open windows of a worker hold at most",
+        gt=0,
+    )
     # group per dataset version; None: derived from the dataset name
     group_id: str | None = None
     from_beginning: bool = True
@@ -415,6 +423,12 @@ class RunSettings(Settings):
         gt=0,
     )
     idle_flush_s: float = setting(2.0, gt=0)
+    tokenize_workers: int = setting(
+        1,
+        flag="--tokenize-workers",
+        help="tokenize workers to start (they share the completions partitions)",
+        gt=0,
+    )
 
 
 class StatusSettings(Settings):
@@ -546,3 +560,33 @@ class ReportSettings(Settings):
     # dead letters and tokenize heartbeats, when a broker is given
     kafka: KafkaSettings | None = setting(default_factory=_kafka_if_configured)
     bins: int = setting(40, flag="--bins", help="bars per length histogram", gt=1)
+
+
+class SealSettings(Settings):
+    """`draftgen seal`."""
+
+    kafka: KafkaSettings = setting(default_factory=lambda: KafkaSettings())
+    storage: StorageSettings
+    dataset: str = setting(flag="--dataset", help="dataset version name")
+    timeout_s: float = setting(
+        600.0,
+        flag="--timeout",
+        help="give up if the version has not caught up after this many seconds",
+        gt=0,
+    )
+
+
+class ReplaySettings(Settings):
+    """`draftgen replay --workers N`: N replay workers on this machine."""
+
+    workers: int = setting(
+        1,
+        flag="--workers",
+        help="replay workers to start here; they share the completions partitions",
+        gt=0,
+    )
+    workdir: str | None = setting(
+        None,
+        flag="--workdir",
+        help="with --workers > 1: the workers' settings and logs (default runs/replay-<time>)",
+    )

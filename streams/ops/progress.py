@@ -13,12 +13,16 @@ from streams.core.topic_reader import TopicReader
 
 @dataclass
 class DatasetFigures:
+    """A dataset version as its readers see it now (sinks/resolve.py): each prompt id once."""
+
     samples: int = 0
     tokens: int = 0
     loss_tokens: int = 0
     shards: int = 0
-    prompt_ids: set[str] = field(default_factory=set)
-    duplicate_ids: int = 0
+    prompt_ids: set[str] = field(default_factory=set)  # with an outcome: a sample or a drop
+    drops: dict[str, str] = field(default_factory=dict)  # recorded drops: prompt id → kind
+    replaced: int = 0  # rows written, then replaced by a later answer of the same prompt
+    superseded_windows: int = 0  # windows of a revoked writer, rewritten by the new owner
     # drift report: samples whose rendering was compared with the server's ids, and differed
     compared: int = 0
     drifted: int = 0
@@ -26,18 +30,23 @@ class DatasetFigures:
 
 
 def dataset_figures(store: ShardStore) -> DatasetFigures:
-    figures = DatasetFigures()
-    for marker in store.markers():
-        figures.samples += marker.rows
-        figures.tokens += marker.tokens
-        figures.loss_tokens += marker.loss_tokens
-        figures.shards += 1 if marker.rows else 0
+    resolution = store.committed()
+    figures = DatasetFigures(
+        samples=len(resolution.samples),
+        prompt_ids=resolution.prompt_ids,
+        drops=dict(resolution.drops),
+        superseded_windows=len(resolution.superseded),
+    )
+    for marker in resolution.windows:
+        excluded = resolution.exclude.get(marker.key, [])
+        figures.replaced += len(excluded)
+        figures.shards += 1 if marker.rows > len(excluded) else 0
+        figures.tokens += marker.tokens - sum(marker.row_tokens[i] for i in excluded)
+        figures.loss_tokens += marker.loss_tokens - sum(marker.row_loss_tokens[i] for i in excluded)
+        # counted over the rows written (a replaced answer was compared too)
         figures.compared += marker.compared
         figures.drifted += marker.drifted
         figures.truncated += marker.truncated
-        before = len(figures.prompt_ids)
-        figures.prompt_ids.update(marker.prompt_ids)
-        figures.duplicate_ids += marker.rows - (len(figures.prompt_ids) - before)
     return figures
 
 
@@ -47,6 +56,14 @@ class DeadLetterTally:
     prompt_ids: set[str] = field(default_factory=set)
     # the subset the sample policy dropped (kind policy_*): deliberate, not failures
     policy_ids: set[str] = field(default_factory=set)
+    # prompt ids by the stage that dead-lettered them
+    stage_ids: dict[str, set[str]] = field(default_factory=dict)
+
+    def ids_before(self, stage: str) -> set[str]:
+        """Prompt ids dead-lettered by any stage but `stage` (a dataset version records the
+        tokenize stage's drops in its markers: those are its outcomes, once each)."""
+        return set().union(*(ids for name, ids in self.stage_ids.items() if name != stage))
+
     letters: list[DeadLetter] = field(default_factory=list)
 
 
@@ -74,6 +91,7 @@ class DeadLetterReader:
         self.tally.by_reason[(letter.stage, letter.kind)] += 1
         if letter.prompt_id:
             self.tally.prompt_ids.add(letter.prompt_id)
+            self.tally.stage_ids.setdefault(letter.stage, set()).add(letter.prompt_id)
             if is_policy_drop(letter.kind):
                 self.tally.policy_ids.add(letter.prompt_id)
         if self.keep_letters:

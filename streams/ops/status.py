@@ -203,7 +203,7 @@ class StatusProbe:
                     tokens=figures.tokens,
                     loss_tokens=figures.loss_tokens,
                     shards=figures.shards,
-                    duplicates=figures.duplicate_ids,
+                    duplicates=figures.replaced,
                 )
             )
         return rows

@@ -9,6 +9,7 @@ from typing import Any
 import faust
 
 from sinks.shards import ShardStore
+from sinks.sink import SinkStats
 from streams.core.faust_app import create_app, kafka_sender, raw_topic
 from streams.core.settings import COMPLETIONS, DEAD_LETTERS, ObserveSettings, TokenizeSettings
 from streams.ops.metrics import Figures, TokenizeMetrics
@@ -18,18 +19,22 @@ from streams.tokenize.policies import PolicySampleBuilder
 from streams.tokenize.stage import TokenizeStats, TokenizeWorker
 
 
-def tokenize_figures(stats: TokenizeStats) -> Figures:
+def tokenize_figures(stats: TokenizeStats, sink: SinkStats) -> Figures:
     return Figures(
         counters={
             "samples": stats.samples,
             "tokens": stats.tokens,
             "loss_tokens": stats.loss_tokens,
             "shards": stats.shards,
-            "duplicates": stats.duplicates,
+            "duplicates": sink.replaced,
             "dead_letters": stats.dead_letters,
             "drift_compared": stats.compared,
             "drifted": stats.drifted,
             "errors": sum(stats.rejected.values()),
+        },
+        gauges={
+            "open_bytes": float(sink.open_bytes),
+            "peak_open_bytes": float(sink.peak_open_bytes),
         },
         errors=dict(stats.rejected),
     )
@@ -38,7 +43,7 @@ def tokenize_figures(stats: TokenizeStats) -> Figures:
 def observe_tokenize(
     app: faust.App, worker: TokenizeWorker, metrics: TokenizeMetrics, settings: ObserveSettings
 ) -> str | None:
-    metrics.attach(lambda: tokenize_figures(worker.stats))
+    metrics.attach(lambda: tokenize_figures(worker.stats, worker.sink.stats))
     return install(app, worker.settings.kafka, metrics, settings)
 
 
@@ -84,6 +89,8 @@ def build_tokenize_app(
         store,
         kafka_sender(app),
         dead_letters_topic=kafka.topic(DEAD_LETTERS),
+        # the fencing token of the shards this worker writes (sinks/sink.py)
+        generation=lambda: int(app.consumer_generation_id),
     )
     observe_tokenize(app, worker, TokenizeMetrics(settings.dataset), observe or ObserveSettings())
 

@@ -1,10 +1,11 @@
 """The tokenize stage: completion records → samples with loss masks, fed to the shard sink.
 
-The stage decides what each consumed completion becomes: a dead letter (undecodable), nothing
-(a prompt_id the sink has already seen: written once per dataset version), or an item of the
-partition's window. At flush the sink hands the window back: samples are built in one batch,
-those that fail become dead letters, and the dead letters are sent before the sink writes the
-marker. Windows, markers, retries of storage I/O and acks are the sink's (`sinks/sink.py`).
+The stage decides what each consumed completion becomes: an item of its partition's window
+keyed by prompt_id (a later completion of the same prompt replaces it: latest answer wins), or
+the dead letter of an undecodable record. At flush the sink hands the window back: samples are
+built in one batch, those that fail become recorded drops (in the marker) and dead letters
+(sent before the sink writes the marker). Windows, markers, fencing, retries of storage I/O and
+acks are the sink's (`sinks/sink.py`).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from sinks.shards import SampleRow, ShardMarker, ShardStore
-from sinks.sink import STORAGE_BACKOFF, Admitted, ShardSink
-from streams.core.faults import AFTER_MARKER, CrashPoint
+from sinks.sink import STORAGE_BACKOFF, Admitted, Prepared, ShardSink
+from streams.core.faults import AFTER_DEAD_LETTERS, AFTER_MARKER, CrashPoint
 from streams.core.faust_app import Event, Send
 from streams.core.records import CompletionRecord, DeadLetter, RecordError
 from streams.core.retry import Backoff, until_done
@@ -38,7 +39,6 @@ class TokenizeStats:
     tokens: int = 0
     loss_tokens: int = 0
     shards: int = 0
-    duplicates: int = 0
     dead_letters: int = 0
     drifted: int = 0
     compared: int = 0
@@ -59,6 +59,7 @@ class TokenizeWorker:
         *,
         backoff: Backoff = STORAGE_BACKOFF,
         clock: Callable[[], float] = time.monotonic,
+        generation: Callable[[], int] = lambda: 0,
     ):
         self.settings = settings
         self.builder = builder
@@ -72,29 +73,29 @@ class TokenizeWorker:
             max_records=settings.shard_max_records,
             max_tokens=settings.shard_max_tokens,
             idle_flush_s=settings.idle_flush_s,
+            max_open_bytes=settings.max_open_bytes,
+            generation=generation,
             backoff=backoff,
             clock=clock,
         )
         self._crash_after_marker = CrashPoint(AFTER_MARKER)
+        self._crash_after_dead_letters = CrashPoint(AFTER_DEAD_LETTERS)
 
     # -- SinkStage -----------------------------------------------------------------------------
 
-    def admit(self, tp: Hashable, event: Event) -> Admitted[Item] | None:
+    def admit(self, tp: Hashable, event: Event) -> Admitted[Item]:
         raw = bytes(event.value)
         try:
             completion = CompletionRecord.decode(raw)
         except RecordError as err:
             key = event.key.decode("utf-8", "replace") if event.key else None
-            return Admitted(DeadLetter.for_payload(STAGE, err.kind, err.message, raw, key))
-        pid = completion.prompt_id
-        if self.sink.seen(tp, pid):
-            self.stats.duplicates += 1  # a redelivery or a regeneration: written once
-            return None
+            letter = DeadLetter.for_payload(STAGE, err.kind, err.message, raw, key)
+            return Admitted(letter, key=key or None, size=len(raw))
         usage = completion.usage or {}
         tokens = int(usage.get("total_tokens") or 0) or len(completion.content) // 3
-        return Admitted(completion, key=pid, tokens=tokens)
+        return Admitted(completion, key=completion.prompt_id, tokens=tokens, size=len(raw))
 
-    async def prepare(self, items: list[Item]) -> list[SampleRow]:
+    async def prepare(self, items: list[Item]) -> Prepared:
         letters = [item for item in items if isinstance(item, DeadLetter)]
         completions = [item for item in items if isinstance(item, CompletionRecord)]
         built = await asyncio.to_thread(self.builder.build_many, completions)
@@ -118,7 +119,10 @@ class TokenizeWorker:
             key = (letter.prompt_id or "").encode()
             send = partial(self.send, self.dead_letters_topic, key, letter.encode())
             await until_done("writing a dead letter", send, self.backoff, log)
-        return rows
+        if letters:
+            self._crash_after_dead_letters.hit()
+        drops = {letter.prompt_id: letter.kind for letter in letters if letter.prompt_id}
+        return Prepared(rows, drops)
 
     def committed(self, marker: ShardMarker, items: list[Item]) -> None:
         self._crash_after_marker.hit()

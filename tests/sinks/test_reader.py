@@ -42,7 +42,7 @@ def seal(store: ShardStore, exclude: dict[tuple[int, int], list[int]]) -> Sealed
             continue
         entries.append(
             ShardEntry(
-                path=f"data/part-{marker.partition:04d}-{marker.start_offset:012d}.arrow",
+                path=store.shard_path(marker).removeprefix(store.layout.base + "/"),
                 partition=marker.partition,
                 start_offset=marker.start_offset,
                 end_offset=marker.end_offset,

@@ -11,12 +11,16 @@ from sinks.layout import DatasetLayout, parse_shard_name, shard_stem
 from sinks.shards import SampleRow, ShardMarker, ShardStore
 
 
-def test_shard_names_hold_partition_and_start_offset_only() -> None:
-    assert shard_stem(3, 1234) == "part-0003-000000001234"
+def test_shard_names_hold_partition_start_offset_and_generation() -> None:
+    assert shard_stem(3, 1234, 7) == "part-0003-000000001234-g00000007"
     layout = DatasetLayout("s3://bucket/prefix/", "v1")
-    assert layout.shard(3, 1234) == "s3://bucket/prefix/v1/data/part-0003-000000001234.arrow"
-    assert layout.marker(3, 1234) == "s3://bucket/prefix/v1/_committed/part-0003-000000001234.json"
-    assert parse_shard_name(layout.shard(12, 99)) == (12, 99)
+    assert layout.shard(3, 1234, 5) == (
+        "s3://bucket/prefix/v1/data/part-0003-000000001234-g00000005.arrow"
+    )
+    assert layout.marker(3, 1234) == (
+        "s3://bucket/prefix/v1/_committed/part-0003-000000001234-g00000000.json"
+    )
+    assert parse_shard_name(layout.shard(12, 99, 4)) == (12, 99, 4)
     with pytest.raises(ValueError):
         parse_shard_name("part-3-12.arrow")
     with pytest.raises(ValueError):
@@ -43,10 +47,45 @@ def test_written_shard_is_committed_and_readable(tmp_path: Path) -> None:
 
 def test_rewrite_after_crash_replaces_the_same_object(tmp_path: Path) -> None:
     store = ShardStore(str(tmp_path), "v1")
-    store.write_shard(1, 0, 9, rows("a", "b"))
-    store.write_shard(1, 0, 12, rows("a", "b", "c"))
+    store.write_shard(1, 0, 9, rows("a", "b"), generation=4)
+    store.write_shard(1, 0, 12, rows("a", "b", "c"), generation=4)  # same writer generation
     assert len(store.markers()) == 1
     assert store.read_table().num_rows == 3
+
+
+def test_a_newer_generation_s_rewrite_sits_beside_the_older_one_and_wins(tmp_path: Path) -> None:
+    store = ShardStore(str(tmp_path), "v1")
+    zombie = store.write_shard(1, 0, 12, rows("a", "b", "c"), generation=4)
+    owner = [
+        store.write_shard(1, 0, 5, rows("a"), generation=5),
+        store.write_shard(1, 6, 9, rows("b", "d"), generation=5),
+    ]
+    assert len(store.markers()) == 3
+    resolution = store.committed()
+    assert (resolution.windows, resolution.superseded) == (owner, [zombie])
+    assert store.committed_shard_paths() == [store.shard_path(m) for m in owner]
+    assert store.read_table().column("prompt_id").to_pylist() == ["a", "b", "d"]
+    assert store.read_shard(zombie).num_rows == 3  # still there, read on its own
+
+
+def test_read_table_holds_each_prompt_s_latest_outcome_once(tmp_path: Path) -> None:
+    store = ShardStore(str(tmp_path), "v1")
+    batch = rows("a", "b", "c")
+    batch[0].source = "first"
+    store.write_shard(0, 0, 2, batch)
+    again = rows("a", "e")
+    again[0].source = "second"
+    store.write_shard(0, 3, 6, again, drops={"b": "policy_length"})
+    store.write_shard(1, 0, 0, [], drops={"x": "bad_shape"})
+    table = store.read_table()
+    assert list(zip(table["prompt_id"].to_pylist(), table["source"].to_pylist(), strict=True)) == [
+        ("c", "src"),
+        ("a", "second"),
+        ("e", "src"),
+    ]
+    resolution = store.committed()
+    assert resolution.samples == {"a", "c", "e"}
+    assert resolution.drops == {"b": "policy_length", "x": "bad_shape"}
 
 
 def test_readers_ignore_shards_without_a_marker(tmp_path: Path) -> None:
@@ -67,6 +106,22 @@ def test_window_without_samples_gets_a_marker_only(tmp_path: Path) -> None:
     assert not Path(store.layout.shard(0, 5)).exists()
 
 
+def test_marker_records_generation_drops_and_per_row_tokens(tmp_path: Path) -> None:
+    store = ShardStore(str(tmp_path), "v1")
+    batch = rows("a", "b")
+    batch[1].input_ids, batch[1].loss_mask = [1, 2], [0, 1]
+    marker = store.write_shard(3, 40, 44, batch, generation=7, drops={"c": "template_error"})
+    assert (marker.generation, marker.key) == (7, (3, 40, 7))
+    assert marker.drops == {"c": "template_error"}
+    assert (marker.row_tokens, marker.row_loss_tokens) == ([4, 2], [2, 1])
+    assert store.markers() == [marker]
+    assert Path(store.shard_path(marker)).name == "part-0003-000000000040-g00000007.arrow"
+    store.delete_window(3, 40, 6)  # another generation's window: not this one
+    assert store.markers() == [marker]
+    store.delete_window(3, 40, 7)
+    assert store.markers() == [] and not Path(store.shard_path(marker)).exists()
+
+
 def test_marker_counts_drift_and_truncation(tmp_path: Path) -> None:
     store = ShardStore(str(tmp_path), "v1")
     batch = rows("a", "b", "c", "d")
@@ -82,5 +137,6 @@ def test_markers_from_before_the_drift_report_still_decode() -> None:
     old += b'"sha256":"x","prompt_ids":["a","b"],"written_at":1.0}'
     marker = ShardMarker.decode(old)
     assert (marker.rows, marker.compared, marker.drifted, marker.truncated) == (2, 0, 0, 0)
+    assert (marker.generation, marker.drops, marker.row_tokens) == (0, {}, [])
     newer = old[:-1] + b',"some_future_field":7}'
     assert ShardMarker.decode(newer) == marker

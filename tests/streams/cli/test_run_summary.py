@@ -61,26 +61,29 @@ def test_publish_takes_the_regen_mode() -> None:
 def test_summary_separates_policy_drops_from_dead_letters(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    figures = DatasetFigures(samples=37, tokens=900, loss_tokens=400, shards=3)
+    figures = DatasetFigures(samples=37, tokens=900, loss_tokens=400, shards=3, replaced=2)
     figures.compared, figures.drifted, figures.truncated = 37, 4, 2
+    # the version's own drops come from its markers, once each
+    figures.drops = {f"p{i}": "policy_length" for i in range(5)}
+    figures.drops |= {"q0": "policy_unclosed_think", "q1": "policy_unclosed_think"}
+    figures.drops["r"] = "bad_tool_arguments"
+    # the dead-letters topic may hold a tokenize letter twice (a crash before the marker):
+    # the summary does not count those, only the earlier stages'
     tally = DeadLetterTally(
-        by_reason=Counter(
-            {
-                ("tokenize", "policy_length"): 5,
-                ("tokenize", "policy_unclosed_think"): 2,
-                ("generate", "regen_stopped"): 1,
-            }
-        ),
-        prompt_ids={"a", "b", "c", "d", "e", "f", "g", "h"},
-        policy_ids={"a", "b", "c", "d", "e", "f", "g"},
+        by_reason=Counter({("tokenize", "policy_length"): 6, ("generate", "regen_stopped"): 1}),
+        prompt_ids={"p0", "h"},
+        stage_ids={"tokenize": {"p0"}, "generate": {"h"}},
     )
     print_summary(RunResult(figures, tally, 40, 1.5), "s3://b/ds", Path("w"))
     out = capsys.readouterr().out
     assert "drift        4 of 37 compared samples (10.8%)" in out
     assert "truncated    2 samples cut to --max-seq-len" in out
-    assert "policy drops 7 (dropped by the sample policy, not failures)" in out
+    assert "replaced     2 earlier answers" in out
+    assert "policy drops 7 (by the sample policy, not failures)" in out
     assert "    length: 5\n    unclosed_think: 2\n" in out
-    assert "dead letters 1\n    generate/regen_stopped: 1\n" in out
+    assert (
+        "dead letters 2\n    generate/regen_stopped: 1\n    tokenize/bad_tool_arguments: 1\n" in out
+    )
 
 
 def test_summary_says_when_drift_was_not_measured(capsys: pytest.CaptureFixture[str]) -> None:

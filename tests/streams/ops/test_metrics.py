@@ -7,6 +7,7 @@ import urllib.request
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from sinks.sink import SinkStats
 from streams.generate.app import generate_figures
 from streams.generate.worker import GenerateStats
 from streams.ops.metrics import GenerateMetrics, TokenizeMetrics, serve_metrics
@@ -58,13 +59,12 @@ def test_generate_metrics_follow_the_stats_without_being_told() -> None:
 
 
 def test_tokenize_metrics_are_per_dataset() -> None:
-    stats = TokenizeStats(
-        samples=5, tokens=900, loss_tokens=400, shards=2, duplicates=1, dead_letters=3
-    )
+    stats = TokenizeStats(samples=5, tokens=900, loss_tokens=400, shards=2, dead_letters=3)
     stats.compared, stats.drifted = 5, 1
     stats.rejected["bad_tool_call"] = 3
+    sink = SinkStats(replaced=1, open_bytes=1234, peak_open_bytes=5678)
     metrics = TokenizeMetrics("k26-v1")
-    metrics.attach(lambda: tokenize_figures(stats))
+    metrics.attach(lambda: tokenize_figures(stats, sink))
     found = samples(generate_latest(metrics.registry).decode())
     ds = (("dataset", "k26-v1"),)
     for name, value in (
@@ -78,12 +78,18 @@ def test_tokenize_metrics_are_per_dataset() -> None:
         ("drifted", 1),
     ):
         assert found[(f"draftgen_tokenize_{name}_total", ds)] == value
+    assert found[("draftgen_tokenize_open_bytes", ds)] == 1234  # gauges: no _total
+    assert found[("draftgen_tokenize_peak_open_bytes", ds)] == 5678
     assert (
         found[
             ("draftgen_tokenize_errors_total", (("dataset", "k26-v1"), ("kind", "bad_tool_call")))
         ]
         == 3
     )
+
+    sink.open_bytes = 0  # a gauge follows the sink down, too
+    found = samples(generate_latest(metrics.registry).decode())
+    assert found[("draftgen_tokenize_open_bytes", ds)] == 0
 
 
 def test_metrics_endpoint_on_a_free_loopback_port() -> None:

@@ -145,7 +145,7 @@ def test_drops_and_duplicates_come_from_the_seal_or_the_broker(store: ShardStore
     assert report["duplicates"]["removed_by_tokenize"] == 5
     marker = store.markers(0)[0]
     entry = ShardEntry(
-        path="data/part-0000-000000000000.arrow",
+        path="data/part-0000-000000000000-g00000000.arrow",
         partition=0,
         start_offset=0,
         end_offset=2,

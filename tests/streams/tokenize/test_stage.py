@@ -1,4 +1,5 @@
-"""The tokenize stage on its shard sink: dead letters, dedup, stats (no Kafka, no S3)."""
+"""The tokenize stage on its shard sink: dead letters, recorded drops, latest answer wins,
+stats (no Kafka, no S3)."""
 
 from __future__ import annotations
 
@@ -50,10 +51,12 @@ class Settings:
     shard_max_records: int = 3
     shard_max_tokens: int = 1_000_000
     idle_flush_s: float = 10.0
+    max_open_bytes: int = 1 << 30
 
 
 class FakeBuilder:
-    """Server ids as the sample; a completion whose content is "bad" cannot be built."""
+    """Server ids as the sample; a completion whose content is "bad" cannot be built, one whose
+    content is "long" is dropped by the sample policy."""
 
     def __init__(self) -> None:
         self.batches: list[list[str]] = []
@@ -65,6 +68,9 @@ class FakeBuilder:
             if completion.content == "bad":
                 results.append(SampleError("template_error", "the template raised"))
                 continue
+            if completion.content == "long":
+                results.append(SampleError("policy_length", "longer than --max-seq-len"))
+                continue
             prompt, output = completion.prompt_token_ids or [], completion.output_token_ids or []
             mask = [0] * len(prompt) + [1] * len(output)
             results.append(Sample(prompt + output, mask, "server", drift=completion.server == "d"))
@@ -72,8 +78,9 @@ class FakeBuilder:
 
 
 class Stage:
-    def __init__(self, tmp_path: Path, **settings: Any):
+    def __init__(self, tmp_path: Path, generation: int = 0, **settings: Any):
         self.log: list[tuple[Any, ...]] = []
+        self.now = 0.0
         self.store = ShardStore(str(tmp_path), "v1")
         self.builder = FakeBuilder()
         self.worker = TokenizeWorker(
@@ -83,8 +90,24 @@ class Stage:
             self.send,
             dead_letters_topic="dead-letters",
             backoff=Backoff(initial_s=0.0, max_s=0.0),
+            clock=self.clock,
+            generation=lambda: generation,
         )
         self.offset = 0
+
+    def clock(self) -> float:
+        return self.now
+
+    async def idle_flush(self) -> None:
+        self.now += 3600.0
+        await self.worker.sink.flush_idle()
+
+    def outcomes(self) -> tuple[list[tuple[str, int]], dict[str, str]]:
+        """The version as readers see it: (prompt id, its answer's last token) per row, and
+        the recorded drops."""
+        table = self.store.read_table()
+        rows = [(row["prompt_id"], row["input_ids"][-1]) for row in table.to_pylist()]
+        return rows, self.store.committed().drops
 
     async def send(self, topic: str, key: bytes, value: bytes) -> None:
         letter = DeadLetter.decode(value)
@@ -96,13 +119,16 @@ class Stage:
         self.offset += 1
         await self.worker.sink.add(event)
 
-    async def complete(self, pid: str, content: str = "ok", server: str = "s") -> None:
+    async def complete(
+        self, pid: str, content: str = "ok", server: str = "s", last: int = 5
+    ) -> None:
+        """A completion of `pid`; `last` is its answer's last token (tells answers apart)."""
         record = CompletionRecord(
             prompt_id=pid,
             messages=[{"role": "user", "content": "hi"}],
             content=content,
             prompt_token_ids=[1, 2],
-            output_token_ids=[3, 4, 5],
+            output_token_ids=[3, 4, last],
             server=server,
             usage={"total_tokens": 5},
         )
@@ -115,97 +141,175 @@ class Stage:
         return [entry[1] for entry in self.log if entry[0] == "ack"]
 
 
-def test_an_undecodable_record_becomes_one_dead_letter(tmp_path: Path) -> None:
-    stage = Stage(tmp_path, shard_max_records=2)
-
-    async def run() -> None:
-        await stage.add(b"{not json", key=b"p1")
-        await stage.complete("p2")
-
-    asyncio.run(run())
-    assert stage.letters() == [("dead_letter", "dead-letters", b"p1", "not_json", "p1", [])]
-    assert stage.store.read_table().column("prompt_id").to_pylist() == ["p2"]
-    assert stage.acks() == [0, 1]
-    assert stage.worker.stats.dead_letters == 1
-
-
-def test_duplicates_in_the_window_and_across_a_committed_marker_are_skipped(
+def test_an_undecodable_record_is_a_dead_letter_and_a_drop_under_its_key(
     tmp_path: Path,
 ) -> None:
     stage = Stage(tmp_path, shard_max_records=3)
 
     async def run() -> None:
-        await stage.complete("a")
-        await stage.complete("a")  # a redelivery within the window
-        await stage.complete("b")  # the window is full: committed
-        await stage.complete("b")  # after its marker
-        await stage.complete("c")
-        await stage.complete("a")
+        await stage.add(b"{not json", key=b"p1")
+        await stage.add(b"\xff\xfe")  # no key: a dead letter, but no prompt to record it for
+        await stage.complete("p2")
 
     asyncio.run(run())
-    assert [m.prompt_ids for m in stage.store.markers()] == [["a", "b"], ["c"]]
-    assert stage.builder.batches == [["a", "b"], ["c"]]
-    assert stage.worker.stats.duplicates == 3
-    assert stage.acks() == [0, 1, 2, 3, 4, 5]
+    assert stage.letters() == [
+        ("dead_letter", "dead-letters", b"p1", "not_json", "p1", []),
+        ("dead_letter", "dead-letters", b"", "invalid_utf8", None, []),
+    ]
+    [marker] = stage.store.markers()
+    assert (marker.prompt_ids, marker.drops) == (["p2"], {"p1": "not_json"})
+    assert stage.outcomes() == ([("p2", 5)], {"p1": "not_json"})
+    assert stage.acks() == [0, 1, 2]
+    assert stage.worker.stats.dead_letters == 2
 
 
-def test_ids_of_an_earlier_run_are_skipped(tmp_path: Path) -> None:
-    earlier = Stage(tmp_path, shard_max_records=2)
+def test_a_later_completion_replaces_the_earlier_one_in_its_window(tmp_path: Path) -> None:
+    stage = Stage(tmp_path, shard_max_records=3)
+
+    async def run() -> None:
+        await stage.complete("a", last=10)
+        await stage.complete("b")
+        await stage.complete("a", last=11)  # a regenerated answer, or a redelivery
+
+    asyncio.run(run())
+    assert stage.builder.batches == [["a", "b"]]  # built once, the earlier one never
+    assert [m.prompt_ids for m in stage.store.markers()] == [["a", "b"]]
+    assert stage.outcomes() == ([("a", 11), ("b", 5)], {})
+    assert stage.worker.sink.stats.replaced == 1
+    assert stage.acks() == [0, 1, 2]
+
+
+def test_a_later_completion_in_a_later_window_is_written_and_wins(tmp_path: Path) -> None:
+    stage = Stage(tmp_path, shard_max_records=2)
+
+    async def run() -> None:
+        await stage.complete("a", last=10)
+        await stage.complete("b")  # the window is full: committed
+        await stage.complete("a", last=11)
+        await stage.complete("c")
+
+    asyncio.run(run())
+    assert [m.prompt_ids for m in stage.store.markers()] == [["a", "b"], ["a", "c"]]
+    assert stage.outcomes() == ([("b", 5), ("a", 11), ("c", 5)], {})
+    assert stage.worker.sink.stats.replaced == 0
+    assert stage.acks() == [0, 1, 2, 3]
+
+
+def test_a_regeneration_after_a_restart_is_written_and_wins(tmp_path: Path) -> None:
+    earlier = Stage(tmp_path, generation=1, shard_max_records=2)
 
     async def first_run() -> None:
         await earlier.complete("a")
-        await earlier.complete("b")
+        await earlier.complete("b", last=10)
 
     asyncio.run(first_run())
-    restarted = Stage(tmp_path, shard_max_records=2)
+    restarted = Stage(tmp_path, generation=2, shard_max_records=2)
     restarted.offset = 2  # the committed position
 
     async def second_run() -> None:
-        await restarted.complete("b")  # a regeneration of a committed prompt
+        await restarted.complete("b", last=11)  # a regeneration of a committed prompt
         await restarted.complete("c")
 
     asyncio.run(second_run())
-    assert [m.prompt_ids for m in restarted.store.markers()] == [["a", "b"], ["c"]]
-    assert restarted.worker.stats.duplicates == 1
+    assert [(m.generation, m.prompt_ids) for m in restarted.store.markers()] == [
+        (1, ["a", "b"]),
+        (2, ["b", "c"]),
+    ]
+    assert restarted.outcomes() == ([("a", 5), ("b", 11), ("c", 5)], {})
 
 
-def test_a_sample_error_is_a_dead_letter_sent_before_the_marker(tmp_path: Path) -> None:
-    stage = Stage(tmp_path, shard_max_records=3)
+def test_a_sample_error_is_a_recorded_drop_and_a_dead_letter_sent_before_the_marker(
+    tmp_path: Path,
+) -> None:
+    stage = Stage(tmp_path, shard_max_records=4)
 
     async def run() -> None:
         await stage.complete("a")
         await stage.complete("b", content="bad")
-        await stage.add(b"[]", key=b"x")  # the wrong shape: a dead letter before the sample's
+        await stage.complete("l", content="long")
+        await stage.add(b"[]", key=b"x")  # the wrong shape: a dead letter before the samples'
 
     asyncio.run(run())
-    assert stage.letters() == [
+    assert stage.letters() == [  # no marker yet when each was sent
         ("dead_letter", "dead-letters", b"x", "bad_shape", "x", []),
-        ("dead_letter", "dead-letters", b"b", "template_error", "b", []),  # no marker yet
+        ("dead_letter", "dead-letters", b"b", "template_error", "b", []),
+        ("dead_letter", "dead-letters", b"l", "policy_length", "l", []),
     ]
-    assert [m.prompt_ids for m in stage.store.markers()] == [["a"]]
-    assert stage.worker.stats.rejected == {"template_error": 1}
-    assert stage.worker.stats.dead_letters == 2
+    [marker] = stage.store.markers()
+    assert marker.prompt_ids == ["a"]
+    drops = {"b": "template_error", "l": "policy_length", "x": "bad_shape"}
+    assert marker.drops == drops
+    assert stage.outcomes() == ([("a", 5)], drops)
+    assert stage.worker.stats.rejected == {"template_error": 1, "policy_length": 1}
+    assert stage.worker.stats.dead_letters == 3
+
+
+def test_a_drop_then_a_later_successful_completion_resolves_to_the_sample(
+    tmp_path: Path,
+) -> None:
+    stage = Stage(tmp_path, shard_max_records=1)
+
+    async def run() -> None:
+        await stage.complete("a", content="long")
+        await stage.complete("a", last=12)  # regenerated, within the policy this time
+
+    asyncio.run(run())
+    assert [(m.prompt_ids, m.drops) for m in stage.store.markers()] == [
+        ([], {"a": "policy_length"}),
+        (["a"], {}),
+    ]
+    assert stage.outcomes() == ([("a", 12)], {})
+    assert [entry[3] for entry in stage.letters()] == ["policy_length"]
+
+
+def test_a_sample_then_a_later_drop_resolves_to_the_drop(tmp_path: Path) -> None:
+    stage = Stage(tmp_path, shard_max_records=1)
+
+    async def run() -> None:
+        await stage.complete("a")
+        await stage.complete("a", content="bad")
+
+    asyncio.run(run())
+    assert stage.outcomes() == ([], {"a": "template_error"})
 
 
 def test_stats_count_a_window_once_it_is_committed(tmp_path: Path) -> None:
     stage = Stage(tmp_path, shard_max_records=100, idle_flush_s=10.0)
-    clock = [0.0]
-    stage.worker.sink.clock = lambda: clock[0]
     stats = stage.worker.stats
 
     async def run() -> None:
-        await stage.complete("a", server="d")  # drifted
-        await stage.complete("b")
+        await stage.complete("a", server="d")  # drifted, but replaced below
+        await stage.complete("b", server="d")  # drifted
         await stage.complete("c", content="bad")
         await stage.complete("a")
-        assert (stats.samples, stats.shards, stats.dead_letters, stats.duplicates) == (0, 0, 0, 1)
-        clock[0] = 10.0
-        await stage.worker.sink.flush_idle()
+        assert (stats.samples, stats.shards, stats.dead_letters) == (0, 0, 0)
+        assert stage.worker.sink.stats.replaced == 1
+        await stage.idle_flush()
 
     asyncio.run(run())
     assert (stats.samples, stats.tokens, stats.loss_tokens, stats.shards) == (2, 10, 6, 1)
     assert (stats.dead_letters, stats.compared, stats.drifted) == (1, 2, 1)
     assert stage.acks() == [0, 1, 2, 3]
+
+
+def test_open_windows_are_flushed_to_stay_within_the_memory_budget(tmp_path: Path) -> None:
+    stage = Stage(tmp_path, shard_max_records=100)
+    sink = stage.worker.sink
+
+    async def run() -> None:
+        await stage.complete("a")
+        record_size = sink.stats.open_bytes  # a completion counts its record's size
+        assert record_size > 0
+        sink.max_open_bytes = 2 * record_size + record_size // 2
+        await stage.complete("b")
+        assert stage.acks() == []
+        await stage.complete("c")  # 3 records open: over the budget
+
+    asyncio.run(run())
+    assert sink.stats.budget_flushes == 1
+    assert stage.acks() == [0, 1, 2]  # without waiting for the idle flush
+    assert [m.prompt_ids for m in stage.store.markers()] == [["a", "b", "c"]]
+    assert sink.stats.open_bytes == 0
 
 
 def test_the_crash_point_fires_after_the_marker_and_before_the_acks(

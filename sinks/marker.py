@@ -1,0 +1,49 @@
+"""The commit marker of a shard: what the window holds, so readers and restarts need not open it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import orjson
+
+
+@dataclass(frozen=True)
+class ShardMarker:
+    """The commit marker: what a shard holds, so readers and restarts need not open it."""
+
+    partition: int
+    start_offset: int
+    end_offset: int
+    rows: int
+    tokens: int
+    loss_tokens: int
+    sha256: str
+    prompt_ids: list[str]
+    written_at: float
+    # drift report: samples whose rendering was compared with the server's ids, and how many
+    # of those differ; samples cut to --max-seq-len. Defaults let older markers decode.
+    compared: int = 0
+    drifted: int = 0
+    truncated: int = 0
+    # the writer's consumer-group generation: a newer writer's window supersedes an overlapping
+    # older one (sinks/resolve.py)
+    generation: int = 0
+    # the window's prompt ids that ended as a recorded drop, with the reason kind (policy_* or
+    # an error): with the rows, each prompt id of the window has exactly one outcome here
+    drops: dict[str, str] = field(default_factory=dict)
+    # per row (same order as prompt_ids), so figures can leave out superseded rows
+    row_tokens: list[int] = field(default_factory=list)
+    row_loss_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return (self.partition, self.start_offset, self.generation)
+
+    def encode(self) -> bytes:
+        return orjson.dumps(self.__dict__)
+
+    @classmethod
+    def decode(cls, raw: bytes) -> ShardMarker:
+        # Fields a newer writer added are ignored, so a reader may be older than the writer.
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in orjson.loads(raw).items() if k in known})

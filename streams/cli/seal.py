@@ -1,0 +1,41 @@
+"""`draftgen seal`: the manifest of a dataset version that has caught up with `completions`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any
+
+from streams.cli.flags import add_flags, build
+from streams.core.settings import SealSettings
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "seal", help="wait until a dataset version has caught up, then write its manifest"
+    )
+    add_flags(parser, SealSettings)
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from sinks.shards import ShardStore
+    from streams.ops.seal import seal
+
+    settings = build(SealSettings, args)
+    storage = settings.storage
+    store = ShardStore(storage.out, settings.dataset, storage.storage_options())
+
+    def show(lag: int) -> None:
+        if sys.stderr.isatty():
+            print(f"\rwaiting for {lag} completions to be committed", end="", file=sys.stderr)
+
+    manifest = asyncio.run(seal(settings.kafka, store, settings.timeout_s, show))
+    drops = sum(manifest.drops.values())
+    print(
+        f"sealed {settings.dataset}: {manifest.samples} samples, {manifest.tokens} tokens in "
+        f"{len(manifest.shards)} shards; {drops} recorded drops; "
+        f"{manifest.replaced} earlier answers replaced"
+    )
+    return 0
