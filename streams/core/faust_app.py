@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import faust
 
+from streams.core.crash_guard import CrashGuard
 from streams.core.settings import KafkaSettings
 
 
@@ -100,6 +101,22 @@ def kafka_sender(app: faust.App) -> Callable[[str, bytes, bytes], Awaitable[None
         await delivery
 
     return send
+
+
+async def consume(stream: Any, guard: CrashGuard, handle: Callable[[Any], Awaitable[None]]) -> None:
+    """Hand each event of the stream to `handle`; acks are ours (`noack`). An exception that
+    escapes `handle` (the per-record nets turn every expected one into a dead letter) is noted
+    in the crash record before it crashes the worker, so that a crash loop on one record ends
+    (streams/core/crash_guard.py)."""
+    async for event in stream.noack().events():
+        try:
+            await handle(event)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as err:
+            tp = event.message.tp
+            guard.crashed(tp.topic, tp.partition, event.message.offset, err)
+            raise
 
 
 def _dump_tasks() -> None:

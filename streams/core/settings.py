@@ -318,7 +318,7 @@ class TokenizeSettings(Settings):
 
 
 class ObserveSettings(Settings):
-    """Worker metrics and heartbeats."""
+    """Worker metrics, heartbeats and local state."""
 
     # None: no /metrics endpoint; 0: a free port
     metrics_port: int | None = setting(
@@ -341,6 +341,12 @@ class ObserveSettings(Settings):
         ge=0,
     )
     rate_window_s: float = setting(30.0, gt=0)
+    # the crash record (streams/core/crash_guard.py); None: ~/.local/state/draftgen
+    state_dir: str | None = setting(
+        None,
+        flag="--state-dir",
+        help="where the worker notes a record it crashed on (default ~/.local/state/draftgen)",
+    )
 
 
 class PublishSettings(Settings):

@@ -9,7 +9,8 @@ from typing import Any
 import faust
 
 from sinks.shards import ShardStore
-from streams.core.faust_app import create_app, kafka_sender, raw_topic
+from streams.core.crash_guard import CrashGuard
+from streams.core.faust_app import consume, create_app, kafka_sender, raw_topic
 from streams.core.settings import COMPLETIONS, DEAD_LETTERS, ObserveSettings, TokenizeSettings
 from streams.ops.metrics import Figures, TokenizeMetrics
 from streams.ops.observe import install
@@ -66,6 +67,8 @@ def build_tokenize_app(
     observe: ObserveSettings | None = None,
 ) -> tuple[faust.App, TokenizeWorker]:
     kafka = settings.kafka
+    observe = observe or ObserveSettings()
+    guard = CrashGuard(observe.state_dir, settings.consumer_group)
     app = create_app(
         settings.consumer_group,
         kafka,
@@ -84,14 +87,14 @@ def build_tokenize_app(
         store,
         kafka_sender(app),
         dead_letters_topic=kafka.topic(DEAD_LETTERS),
+        guard=guard,
     )
-    observe_tokenize(app, worker, TokenizeMetrics(settings.dataset), observe or ObserveSettings())
+    observe_tokenize(app, worker, TokenizeMetrics(settings.dataset), observe)
 
     @app.agent(raw_topic(app, kafka.topic(COMPLETIONS)), name="tokenize")
     async def tokenize(stream: Any) -> None:
         # Acks are ours: a window's events are acked after its shard and marker are written.
-        async for event in stream.noack().events():
-            await worker.sink.add(event)
+        await consume(stream, guard, worker.sink.add)
 
     @app.timer(interval=1.0)
     async def flush_idle() -> None:
