@@ -2,15 +2,20 @@
 
 A prompt's offset is acked (and so committed) only after its completion, or its dead letter,
 has been acknowledged by Kafka, and only in offset order (see streams/generate/inflight.py).
+Any exception while handling one prompt becomes that prompt's dead letter, never a crash. A
+prompt whose partition was revoked while it was in flight gets no dead letter from here: its
+new owner redoes it and decides (a completion is still sent: the tokenize stage keeps one).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from streams.core.crash_guard import CRASH_LOOP, CrashGuard
 from streams.core.faust_app import Event, Send
 from streams.core.normalize import validate_prompt_messages
 from streams.core.records import CompletionRecord, DeadLetter, PromptRecord, RecordError
@@ -48,7 +53,9 @@ class GenerateWorker:
         send: Send,
         completions_topic: str,
         dead_letters_topic: str,
+        guard: CrashGuard | None = None,
     ):
+        self.guard = guard
         self.settings = settings
         self.client = client
         self.send = send
@@ -100,9 +107,12 @@ class GenerateWorker:
         await self._slots.acquire()
         await self._server_up.wait()
         message = event.message
+        poisoned = None
+        if self.guard is not None:
+            poisoned = self.guard.poisoned(message.tp.topic, message.tp.partition, message.offset)
         self.window.add(message.tp, message.offset, event)
         self._started_one()
-        task = asyncio.create_task(self._run_one(event))
+        task = asyncio.create_task(self._run_one(event, poisoned))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -113,19 +123,32 @@ class GenerateWorker:
                 "partitions revoked with %d prompts in flight; their new owner redoes them", dropped
             )
 
-    async def _run_one(self, event: Event) -> None:
+    async def _run_one(self, event: Event, poisoned: str | None = None) -> None:
+        message = event.message
+
+        def owned() -> bool:
+            return self.window.holds(message.tp, message.offset)
+
+        raw = bytes(event.value)
+        prompt_id = bytes(event.key).decode("utf-8", "replace") if event.key else None
         try:
-            for topic, key, value in await self.process_all(event.key, event.value):
+            if poisoned is not None:  # it crashed this worker twice: its dead letter, no retry
+                outputs = [self._dead_letter(CRASH_LOOP, poisoned, raw, prompt_id)]
+            else:
+                outputs = await self.process_all(event.key, raw, owned)
+            for topic, key, value in outputs:
+                if topic == self.dead_letters_topic and not owned():
+                    continue  # revoked meanwhile: the new owner decides this prompt's outcome
                 await self._send_until_acked(topic, key, value)
         except asyncio.CancelledError:
             raise
         except Exception as err:  # a bug, not bad input: dead-letter it so the partition moves on
             log.exception("unexpected failure on a prompt; sending it to dead letters")
-            prompt_id = bytes(event.key).decode("utf-8", "replace") if event.key else None
-            letter = self._dead_letter(
-                "internal_error", f"{type(err).__name__}: {err}", bytes(event.value), prompt_id
-            )
-            await self._send_until_acked(*letter)
+            if owned():
+                letter = self._dead_letter(
+                    "internal_error", f"{type(err).__name__}: {err}", raw, prompt_id
+                )
+                await self._send_until_acked(*letter)
         self._finished_one()
         self._slots.release()
         message = event.message
@@ -143,8 +166,11 @@ class GenerateWorker:
 
     # -- one prompt --------------------------------------------------------------------------
 
-    async def process_all(self, key: bytes | None, value: bytes) -> list[tuple[str, bytes, bytes]]:
-        """Every output of one prompt: one, or one per turn for `--regen every-turn`."""
+    async def process_all(
+        self, key: bytes | None, value: bytes, owned: Callable[[], bool] = lambda: True
+    ) -> list[tuple[str, bytes, bytes]]:
+        """Every output of one prompt: one, or one per turn for `--regen every-turn`, for the
+        caller to send; `owned()` says whether the prompt is still this worker's."""
         planned = regen.conversation_to_regenerate(value)
         if planned is None:
             return [await self.process(key, value)]
