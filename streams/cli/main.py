@@ -14,6 +14,7 @@ from typing import NoReturn
 from streams.cli import dead_letters, emulate, publish, replay, run, status, worker
 from streams.cli.flags import add_flags, build
 from streams.core.errors import CliError
+from streams.core.outage import quiet_repeats
 from streams.core.settings import LogSettings
 
 COMMANDS = (run, publish, worker, replay, dead_letters, status, emulate)
@@ -59,6 +60,9 @@ def _configure_logging(level: str, command: str) -> None:
     # One line per HTTP request is per-record logging: keep the clients quiet at INFO.
     for noisy in ("httpx", "httpx2", "openai", "aiokafka"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    # A broker outage makes the clients log every reconnect attempt: one line per template
+    # and 30 s (streams/core/outage.py); our own "unreachable since / reconnected after" say it.
+    quiet_repeats()
     # Retried NotLeader answers on fresh partitions are routine, not worth a line each.
     logging.getLogger("aiokafka.producer.sender").setLevel(logging.ERROR)
     if command in ("run", "publish"):

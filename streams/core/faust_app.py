@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import faust
 
 from streams.core.crash_guard import CrashGuard
+from streams.core.outage import quiet_repeats
 from streams.core.settings import KafkaSettings
 
 
@@ -134,5 +135,12 @@ def run_worker(app: faust.App, loglevel: str = "WARNING") -> None:
         # `kill -USR2 <pid>` prints every asyncio task's stack: where a stalled stage waits.
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _dump_tasks)
 
+    class QuietWorker(Worker):
+        def _setup_logging(self) -> None:
+            super()._setup_logging()  # mode replaces the root handlers: filter the new ones
+            quiet_repeats()
+
     logging.getLogger("faust").setLevel(loglevel)
-    Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False).execute_from_commandline()
+    QuietWorker(
+        app, loglevel=loglevel, quiet=True, redirect_stdouts=False
+    ).execute_from_commandline()

@@ -64,7 +64,7 @@ def observe_generate(
     app: faust.App, worker: GenerateWorker, metrics: GenerateMetrics, settings: ObserveSettings
 ) -> str | None:
     metrics.attach(lambda: generate_figures(worker.stats, metrics.requests))
-    return install(app, worker.settings.kafka, metrics, settings)
+    return install(app, worker.settings.kafka, metrics, settings, worker.broker)
 
 
 def build_generate_app(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +20,7 @@ from streams.core.crash_guard import CRASH_LOOP, CrashGuard
 from streams.core.faust_app import Event, Send
 from streams.core.normalize import validate_prompt_messages
 from streams.core.records import CompletionRecord, DeadLetter, PromptRecord, RecordError
-from streams.core.retry import Backoff, until_done
+from streams.core.retry import Backoff, Outage, until_done
 from streams.core.settings import GenerateSettings
 from streams.generate import regen
 from streams.generate.client import GenerationError, SGLangClient
@@ -68,12 +69,16 @@ class GenerateWorker:
         # probes of a down server: backing off, but never more than `health_interval_s` apart,
         # so the worker resumes soon after the server is back
         self._probe_backoff = Backoff(settings.backoff_initial_s, settings.health_interval_s)
+        # what this worker knows of its dependencies: one line when one goes, one when it is back
+        self.broker = Outage("broker", log)
+        self.server = Outage(f"server {client.base_url}", log)
         self._slots = asyncio.Semaphore(settings.concurrency)
         self._server_up = asyncio.Event()
         self._ready = asyncio.Event()
         self._nothing_in_flight = asyncio.Event()
         self._nothing_in_flight.set()
         self._prober: asyncio.Task[None] | None = None
+        self._down_since = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -81,7 +86,7 @@ class GenerateWorker:
     async def start(self) -> None:
         """Wait for the server to answer, learn its model, then let the agent take prompts."""
         what = f"asking {self.client.base_url} for its model"
-        await until_done(what, self.client.discover, self.backoff, log)
+        await until_done(what, self.client.discover, self.backoff, log, self.server)
         log.info(
             "generating with model %s (%s family) on %s, %d in flight",
             self.client.model,
@@ -231,6 +236,7 @@ class GenerateWorker:
         if self._server_up.is_set():
             self._server_up.clear()
             self.stats.paused = True
+            self._down_since = time.monotonic()
             log.warning("server %s is down; pausing until it is healthy", self.client.base_url)
             self._prober = asyncio.create_task(self._probe_until_healthy())
         await self._server_up.wait()
@@ -240,7 +246,11 @@ class GenerateWorker:
         while not await self._healthy():
             attempt += 1
             await self._probe_backoff.sleep(attempt)
-        log.warning("server %s is healthy again; resuming", self.client.base_url)
+        log.warning(
+            "server %s is healthy again; resuming after %.0f s down",
+            self.client.base_url,
+            time.monotonic() - self._down_since,
+        )
         self.stats.paused = False
         self._server_up.set()
 
@@ -262,5 +272,9 @@ class GenerateWorker:
     async def _send_until_acked(self, topic: str, key: bytes, value: bytes) -> None:
         """Kafka down is an outage to wait out, not a reason to lose the generation."""
         await until_done(
-            f"writing to {topic}", lambda: self.send(topic, key, value), self.backoff, log
+            f"writing to {topic}",
+            lambda: self.send(topic, key, value),
+            self.backoff,
+            log,
+            self.broker,
         )

@@ -15,6 +15,7 @@ from typing import Any
 import faust
 
 from streams.core.faust_app import kafka_sender, raw_topic
+from streams.core.outage import Outage
 from streams.core.settings import WORKER_STATS, KafkaSettings, ObserveSettings
 from streams.ops.heartbeat import RateWindow, new_heartbeat, refresh
 from streams.ops.metrics import WorkerMetrics, serve_metrics
@@ -23,9 +24,15 @@ log = logging.getLogger(__name__)
 
 
 def install(
-    app: faust.App, kafka: KafkaSettings, metrics: WorkerMetrics, settings: ObserveSettings
+    app: faust.App,
+    kafka: KafkaSettings,
+    metrics: WorkerMetrics,
+    settings: ObserveSettings,
+    broker: Outage | None = None,
 ) -> str | None:
-    """Start /metrics (if asked) and schedule heartbeats; returns the metrics URL."""
+    """Start /metrics (if asked) and schedule heartbeats; returns the metrics URL. Each
+    heartbeat's delivery tells `broker` whether the broker is reachable, so a worker with
+    nothing to write still reports an outage and the reconnection."""
     url = None
     if settings.metrics_port is not None:
         url = serve_metrics(metrics.registry, settings.metrics_host, settings.metrics_port)
@@ -48,6 +55,11 @@ def install(
             await asyncio.wait_for(send(topic, key, beat.encode()), settings.heartbeat_s * 2)
         except Exception as err:
             log.debug("heartbeat not sent: %s", type(err).__name__)
+            if broker is not None:
+                broker.failed(f"heartbeat not delivered: {type(err).__name__}")
+        else:
+            if broker is not None:
+                broker.succeeded()
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]  # faust types are narrower than its runtime
     async def remove_heartbeat(sender: Any, *_: Any, **__: Any) -> None:

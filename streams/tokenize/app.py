@@ -3,6 +3,7 @@ its shard sink."""
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -11,12 +12,15 @@ import faust
 from sinks.shards import ShardStore
 from streams.core.crash_guard import CrashGuard
 from streams.core.faust_app import consume, create_app, kafka_sender, raw_topic
+from streams.core.outage import Outage
 from streams.core.settings import COMPLETIONS, DEAD_LETTERS, ObserveSettings, TokenizeSettings
 from streams.ops.metrics import Figures, TokenizeMetrics
 from streams.ops.observe import install
 from streams.tokenize.loading import LoadedTokenizer
 from streams.tokenize.policies import PolicySampleBuilder
 from streams.tokenize.stage import TokenizeStats, TokenizeWorker
+
+log = logging.getLogger(__name__)
 
 
 def tokenize_figures(stats: TokenizeStats) -> Figures:
@@ -40,7 +44,7 @@ def observe_tokenize(
     app: faust.App, worker: TokenizeWorker, metrics: TokenizeMetrics, settings: ObserveSettings
 ) -> str | None:
     metrics.attach(lambda: tokenize_figures(worker.stats))
-    return install(app, worker.settings.kafka, metrics, settings)
+    return install(app, worker.settings.kafka, metrics, settings, Outage("broker", log))
 
 
 def manifest(settings: TokenizeSettings, loaded: LoadedTokenizer) -> dict[str, Any]:
