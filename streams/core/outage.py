@@ -50,13 +50,16 @@ class Outage:
     def down(self) -> bool:
         return self.since is not None
 
-    def failed(self, err: BaseException | str) -> None:
+    def failed(self, err: BaseException | str, took_s: float = 0.0) -> None:
+        """One failed call; `took_s`: how long it ran before failing (a timeout), so that
+        "since" is when the dependency stopped answering, not when we gave up waiting."""
         now = self.clock()
         self.failures += 1
         reason = err if isinstance(err, str) else short_error(err)
         if self.since is None:
-            self.since = self._reminded = now
-            started = time.strftime("%H:%M:%S", time.localtime(self.wall()))
+            self.since = now - took_s
+            self._reminded = now
+            started = time.strftime("%H:%M:%S", time.localtime(self.wall() - took_s))
             self.log.warning(
                 "%s %s since %s, retrying (%s)", self.name, self.down_word, started, reason
             )

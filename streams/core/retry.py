@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -50,13 +51,14 @@ async def until_done(
     attempt = 0
     report = outage or Outage(what, log, words=("failing", "succeeded"))
     while True:
+        started = time.monotonic()
         try:
             result = await call()
         except asyncio.CancelledError:
             raise
         except Exception as err:
             attempt += 1
-            report.failed(err)
+            report.failed(err, time.monotonic() - started)
             log.debug("%s failed (%s); retry %d", what, short_error(err), attempt)
             await backoff.sleep(attempt)
             continue

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import sys
+import time
 from typing import Any
 
 import faust
@@ -50,13 +51,15 @@ def install(
     async def heartbeat() -> None:
         figures = metrics.figures()
         refresh(beat, window, figures.counters, figures.gauges, figures.errors)
+        started = time.monotonic()
         try:
             # bounded: a heartbeat is worth less than the worker's time; the next one follows
             await asyncio.wait_for(send(topic, key, beat.encode()), settings.heartbeat_s * 2)
         except Exception as err:
             log.debug("heartbeat not sent: %s", type(err).__name__)
             if broker is not None:
-                broker.failed(f"heartbeat not delivered: {type(err).__name__}")
+                took = time.monotonic() - started
+                broker.failed(f"heartbeat not delivered: {type(err).__name__}", took)
         else:
             if broker is not None:
                 broker.succeeded()

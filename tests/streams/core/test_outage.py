@@ -39,6 +39,17 @@ def test_an_outage_is_one_line_down_reminders_and_one_line_up(
     assert messages[2] == "broker reconnected after 100 s (1000 failures)"
 
 
+def test_since_is_when_a_failing_call_began(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    clock.now = 100.0
+    outage = Outage("broker", logging.getLogger("t"), clock=clock, wall=lambda: 3600 * 12.0)
+    with caplog.at_level(logging.WARNING):
+        outage.failed("timed out", took_s=10.0)  # a send that waited 10 s for nothing
+        clock.now = 105.0
+        outage.succeeded()
+    assert caplog.records[-1].getMessage().startswith("broker reconnected after 15 s")
+
+
 def test_until_done_reports_to_its_outage_not_a_line_per_attempt(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
