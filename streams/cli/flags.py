@@ -23,6 +23,8 @@ from pydantic_settings import BaseSettings
 from streams.core.errors import CliError
 
 S = TypeVar("S", bound=BaseSettings)
+# how pydantic introduces the message of a validator's ValueError
+_VALUE_ERROR = "Value error, "
 Adder = argparse.ArgumentParser | argparse._ArgumentGroup
 
 
@@ -67,7 +69,9 @@ def _converter(flag: str, annotation: Any, field: FieldInfo) -> Any:
         try:
             return adapter.validate_python(text)
         except ValidationError as err:
-            message = err.errors()[0]["msg"]
+            message = str(err.errors()[0]["msg"])
+            if message.startswith(_VALUE_ERROR):  # our validators say the value themselves
+                raise argparse.ArgumentTypeError(message.removeprefix(_VALUE_ERROR)) from None
             raise argparse.ArgumentTypeError(
                 f"{text!r}: {message[0].lower()}{message[1:]}"
             ) from None
@@ -192,7 +196,7 @@ def describe(cls: type[BaseSettings], err: ValidationError) -> str:
     env = env_names(owner, name)[0]
     if first["type"] == "missing":
         return f"{flag} is required (or set {env})" if flag else f"set {env}"
-    return f"{flag or env}: {first['msg']}"
+    return f"{flag or env}: {str(first['msg']).removeprefix(_VALUE_ERROR)}"
 
 
 def _locate(

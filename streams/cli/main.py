@@ -25,6 +25,7 @@ from streams.cli import (
 )
 from streams.cli.flags import add_flags, build
 from streams.core.errors import CliError
+from streams.core.outage import quiet_repeats
 from streams.core.settings import LogSettings
 
 COMMANDS = (run, publish, worker, replay, seal, dead_letters, status, export, report, emulate)
@@ -70,6 +71,9 @@ def _configure_logging(level: str, command: str) -> None:
     # One line per HTTP request is per-record logging: keep the clients quiet at INFO.
     for noisy in ("httpx", "httpx2", "openai", "aiokafka"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    # A broker outage makes the clients log every reconnect attempt: one line per template
+    # and 30 s (streams/core/outage.py); our own "unreachable since / reconnected after" say it.
+    quiet_repeats()
     # Retried NotLeader answers on fresh partitions are routine, not worth a line each.
     logging.getLogger("aiokafka.producer.sender").setLevel(logging.ERROR)
     if command in ("run", "publish"):

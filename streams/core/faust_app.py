@@ -12,6 +12,8 @@ from typing import Any, Protocol
 
 import faust
 
+from streams.core.crash_guard import CrashGuard
+from streams.core.outage import quiet_repeats
 from streams.core.settings import KafkaSettings
 
 
@@ -102,6 +104,22 @@ def kafka_sender(app: faust.App) -> Callable[[str, bytes, bytes], Awaitable[None
     return send
 
 
+async def consume(stream: Any, guard: CrashGuard, handle: Callable[[Any], Awaitable[None]]) -> None:
+    """Hand each event of the stream to `handle`; acks are ours (`noack`). An exception that
+    escapes `handle` (the per-record nets turn every expected one into a dead letter) is noted
+    in the crash record before it crashes the worker, so that a crash loop on one record ends
+    (streams/core/crash_guard.py)."""
+    async for event in stream.noack().events():
+        try:
+            await handle(event)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as err:
+            tp = event.message.tp
+            guard.crashed(tp.topic, tp.partition, event.message.offset, err)
+            raise
+
+
 def _dump_tasks() -> None:
     for task in asyncio.all_tasks():
         task.print_stack(limit=12, file=sys.stderr)
@@ -117,5 +135,12 @@ def run_worker(app: faust.App, loglevel: str = "WARNING") -> None:
         # `kill -USR2 <pid>` prints every asyncio task's stack: where a stalled stage waits.
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _dump_tasks)
 
+    class QuietWorker(Worker):
+        def _setup_logging(self) -> None:
+            super()._setup_logging()  # mode replaces the root handlers: filter the new ones
+            quiet_repeats()
+
     logging.getLogger("faust").setLevel(loglevel)
-    Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False).execute_from_commandline()
+    QuietWorker(
+        app, loglevel=loglevel, quiet=True, redirect_stdouts=False
+    ).execute_from_commandline()

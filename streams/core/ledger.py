@@ -1,7 +1,9 @@
 """The record of what was generated: the compacted topic `{prefix}generated`.
 
 One record per (prompt_id, generation settings), keyed ``{prompt_id}@{settings hash}``, written
-by a generate worker after the completion was acknowledged by Kafka. Compaction keeps one record
+by a generate worker after the completion was acknowledged by Kafka; a prompt that ended as a
+generate-stage dead letter instead gets ``{prompt_id}@{settings hash}{DEAD}``, so that its
+redelivery after a crash is not done again (one outcome per prompt). Compaction keeps one record
 per key forever, so the record survives worker restarts and is read back in full by:
 
 - `publish`, at start: prompts already generated are skipped (unless `--regenerate`);
@@ -42,8 +44,17 @@ def settings_hash(model: str, sampling: dict[str, Any], thinking: bool, regen: s
     return hashlib.sha256(canonical).hexdigest()[:16]
 
 
+# suffix of the key of a prompt whose outcome was a dead letter (not "generated": `publish`
+# does not skip it, so publishing it again is a new attempt)
+DEAD = "!dead"
+
+
 def ledger_key(prompt_id: str, settings: str) -> str:
     return f"{prompt_id}{SEPARATOR}{settings}"
+
+
+def dead_key(prompt_id: str, settings: str) -> str:
+    return f"{ledger_key(prompt_id, settings)}{DEAD}"
 
 
 def split_key(key: str) -> tuple[str, str]:
@@ -69,7 +80,7 @@ async def read_generated(kafka: KafkaSettings) -> set[str]:
 
 
 def generated_prompt_ids(keys: Iterable[str]) -> set[str]:
-    return {split_key(key)[0] for key in keys}
+    return {split_key(key)[0] for key in keys if not key.endswith(DEAD)}
 
 
 class LedgerFollower:
@@ -97,9 +108,16 @@ class LedgerFollower:
     def contains(self, prompt_id: str, settings: str) -> bool:
         return ledger_key(prompt_id, settings) in self.keys
 
+    def ended(self, prompt_id: str, settings: str) -> bool:
+        """Completed or dead-lettered with these settings."""
+        return self.contains(prompt_id, settings) or dead_key(prompt_id, settings) in self.keys
+
     def add(self, prompt_id: str, settings: str) -> None:
         """What this process wrote itself, known before the topic echoes it back."""
         self.keys.add(ledger_key(prompt_id, settings))
+
+    def add_dead(self, prompt_id: str, settings: str) -> None:
+        self.keys.add(dead_key(prompt_id, settings))
 
     async def start(self) -> None:
         if not await self._reader.open():
@@ -131,5 +149,5 @@ class LedgerFollower:
         if not key:
             return
         text = key.decode("utf-8", "replace")
-        if self.settings is None or split_key(text)[1] == self.settings:
+        if self.settings is None or split_key(text.removesuffix(DEAD))[1] == self.settings:
             self.keys.add(text)

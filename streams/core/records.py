@@ -5,10 +5,13 @@ Every value is orjson with ``"v": 1``; keys are the ``prompt_id`` as UTF-8.
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
+import numpy as np
 import orjson
 
 SCHEMA_VERSION = 1
@@ -35,9 +38,98 @@ class RecordError(ValueError):
 
 T = TypeVar("T", bound="_Record")
 
+# A check takes a field's decoded JSON value and returns what is wrong with it (None: valid).
+Check = Callable[[Any], str | None]
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def text(value: Any) -> str | None:
+    return None if isinstance(value, str) else f"expected a string, got {_kind(value)}"
+
+
+def nonempty_text(value: Any) -> str | None:
+    return text(value) or (None if value else "is empty")
+
+
+def optional(check: Check) -> Check:
+    def optional_check(value: Any) -> str | None:
+        return None if value is None else check(value)
+
+    return optional_check
+
+
+def json_object(value: Any) -> str | None:
+    return None if isinstance(value, dict) else f"expected an object, got {_kind(value)}"
+
+
+def objects(value: Any) -> str | None:
+    if not isinstance(value, list):
+        return f"expected a list, got {_kind(value)}"
+    for index, item in enumerate(value):
+        if not isinstance(item, dict):
+            return f"item {index}: expected an object, got {_kind(item)}"
+    return None
+
+
+def seconds(value: Any) -> str | None:
+    """A time or duration: a finite number, not negative (bools are not numbers here)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"expected a number, got {_kind(value)}"
+    if not math.isfinite(value) or value < 0:
+        return f"expected a finite number >= 0, got {value!r}"
+    return None
+
+
+def token_ids(value: Any) -> str | None:
+    """Token ids: integers >= 0 (the vocabulary bound is the tokenizer's, checked there).
+    One numpy conversion, not a Python loop per token."""
+    if not isinstance(value, list):
+        return f"expected a list of token ids, got {_kind(value)}"
+    if not value:
+        return None
+    try:
+        ids = np.asarray(value)
+    except ValueError:  # ragged nesting
+        return "expected integer token ids, got nested lists"
+    if ids.ndim != 1 or ids.dtype.kind not in "iu":  # floats, strings, bools, nested, huge
+        return f"expected integer token ids, got {ids.dtype.name if ids.ndim == 1 else 'nested'}"
+    if (lowest := int(ids.min())) < 0:
+        return f"negative token id {lowest}"
+    return None
+
+
+def meta(value: Any) -> str | None:
+    """Free-form, except the keys the stages read."""
+    if problem := json_object(value):
+        return problem
+    for key, check in (("conversation_id", optional(text)), ("regen", optional(text))):
+        if problem := check(value.get(key)):
+            return f"{key}: {problem}"
+    return None
+
+
+def usage(value: Any) -> str | None:
+    """Free-form, except the counts the stages read."""
+    if problem := json_object(value):
+        return problem
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        count = value.get(key)
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
+            return f"{key}: expected an integer, got {_kind(count)}"
+        if isinstance(count, int) and count < 0:
+            return f"{key}: negative count {count}"
+    return None
+
 
 class _Record:
     _required: ClassVar[tuple[str, ...]] = ()
+    # every field's check; a field without one is a bug (see `_check_fields`)
+    _checks: ClassVar[dict[str, Check]] = {}
+    # the dead-letter kind of a failed check, per field (default "bad_shape")
+    _check_kinds: ClassVar[dict[str, str]] = {}
 
     def to_dict(self) -> dict[str, Any]:
         return {"v": SCHEMA_VERSION, **asdict(self)}  # type: ignore[call-overload]
@@ -57,7 +149,13 @@ class _Record:
             raise RecordError("bad_shape", f"missing field(s): {', '.join(missing)}")
         known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
         # Unknown fields are ignored so that producers may add fields before consumers know them.
-        return cls(**{k: v for k, v in data.items() if k in known})
+        values = {k: v for k, v in data.items() if k in known}
+        for name, value in values.items():
+            problem = cls._checks[name](value)
+            if problem is not None:
+                kind = cls._check_kinds.get(name, "bad_shape")
+                raise RecordError(kind, f"field {name!r}: {problem}")
+        return cls(**values)
 
     @classmethod
     def decode(cls: type[T], raw: bytes) -> T:
@@ -69,9 +167,20 @@ class _Record:
         return cls.from_dict(data)
 
 
+_PROMPT_CHECKS: dict[str, Check] = {
+    "prompt_id": nonempty_text,
+    "messages": objects,  # roles and contents: streams/core/normalize.validate_prompt_messages
+    "source": text,
+    "tools": optional(objects),
+    "meta": meta,
+    "published_at": seconds,
+}
+
+
 @dataclass
 class PromptRecord(_Record):
     _required: ClassVar[tuple[str, ...]] = ("prompt_id", "messages")
+    _checks: ClassVar[dict[str, Check]] = _PROMPT_CHECKS
 
     prompt_id: str
     messages: list[Message]
@@ -86,6 +195,25 @@ class CompletionRecord(_Record):
     """The prompt, the generated turn, and how it was made. Source of truth for replay."""
 
     _required: ClassVar[tuple[str, ...]] = ("prompt_id", "messages")
+    _checks: ClassVar[dict[str, Check]] = {
+        **_PROMPT_CHECKS,
+        "reasoning_content": optional(text),
+        "content": text,
+        "tool_calls": optional(objects),
+        "finish_reason": optional(text),
+        "usage": usage,
+        "prompt_token_ids": optional(token_ids),
+        "output_token_ids": optional(token_ids),
+        "model": text,
+        "server": text,
+        "sampling": json_object,
+        "latency_s": seconds,
+        "completed_at": seconds,
+    }
+    _check_kinds: ClassVar[dict[str, str]] = {
+        "prompt_token_ids": "bad_token_ids",
+        "output_token_ids": "bad_token_ids",
+    }
 
     prompt_id: str
     messages: list[Message]
@@ -135,6 +263,14 @@ class DeadLetter(_Record):
     """A record a stage could not turn into output, with the reason and the original payload."""
 
     _required: ClassVar[tuple[str, ...]] = ("stage", "kind", "message")
+    _checks: ClassVar[dict[str, Check]] = {
+        "stage": nonempty_text,
+        "kind": nonempty_text,
+        "message": text,
+        "payload": text,
+        "prompt_id": optional(text),
+        "at": seconds,
+    }
 
     stage: str
     kind: str

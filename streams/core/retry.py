@@ -9,9 +9,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
+
+from streams.core.outage import Outage, short_error
+
+__all__ = ["Backoff", "Outage", "short_error", "until_done"]
 
 T = TypeVar("T")
 
@@ -37,23 +42,25 @@ async def until_done(
     call: Callable[[], Awaitable[T]],
     backoff: Backoff,
     log: logging.Logger,
+    outage: Outage | None = None,
 ) -> T:
     """Await `call()` until it succeeds: an outage is waited out, never a reason to lose work.
-    Cancellation goes through; each failure is one warning line with the error's first line."""
+    Cancellation goes through. The failures are reported to `outage` (what the call depends
+    on: "broker unreachable since T" once, "reconnected after N s" once), or else as "`what`
+    failing since T" and "`what` succeeded after N s": a few lines, whatever the attempts."""
     attempt = 0
+    report = outage or Outage(what, log, words=("failing", "succeeded"))
     while True:
+        started = time.monotonic()
         try:
-            return await call()
+            result = await call()
         except asyncio.CancelledError:
             raise
         except Exception as err:
             attempt += 1
-            delay = backoff.delay(attempt)
-            log.warning("%s failed (%s); retrying in %.0fs", what, short_error(err), delay)
-            await asyncio.sleep(delay)
-
-
-def short_error(err: BaseException) -> str:
-    """`Kind: first line` of an error, bounded: fit for one log line."""
-    text = str(err).splitlines()[0][:200] if str(err) else ""
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+            report.failed(err, time.monotonic() - started)
+            log.debug("%s failed (%s); retry %d", what, short_error(err), attempt)
+            await backoff.sleep(attempt)
+            continue
+        report.succeeded()
+        return result

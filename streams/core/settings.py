@@ -9,10 +9,19 @@ to the workers it starts. Secrets are `SecretStr`: they come from the environmen
 
 from __future__ import annotations
 
+import re
 import ssl
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROMPTS = "prompts"
@@ -23,6 +32,33 @@ GENERATE_GROUP = "draftgen-generate"
 WORKER_STATS = "worker-stats"
 # compacted: one record per (prompt_id, generation settings) generated (streams/core/ledger.py)
 GENERATED = "generated"
+
+# Names that become paths, topics, consumer groups or member ids: Kafka's topic alphabet, a
+# letter or digit first (so never "." or ".."), short enough for every use.
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_SAFE_PREFIX = re.compile(r"[A-Za-z0-9._-]{0,100}")
+_ALPHABET = "letters, digits, '.', '_' and '-'"
+
+
+def _safe_name(value: str) -> str:
+    if not _SAFE_NAME.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not a safe name: use 1-100 of {_ALPHABET}, starting with a letter "
+            "or digit"
+        )
+    return value
+
+
+def _safe_prefix(value: str) -> str:
+    if not _SAFE_PREFIX.fullmatch(value):
+        raise ValueError(f"{value!r} is not a safe prefix: use at most 100 of {_ALPHABET}")
+    return value
+
+
+# a dataset version, an instance id, a group: used in paths, group and member ids
+SafeName = Annotated[str, AfterValidator(_safe_name)]
+# the topic and group prefix (may be empty)
+SafePrefix = Annotated[str, AfterValidator(_safe_prefix)]
 
 Family = Literal["kimi_k2", "qwen3", "generic"]
 KeepOrDrop = Literal["drop", "keep"]
@@ -75,7 +111,9 @@ class KafkaSettings(Settings):
         env=("DRAFTGEN_BOOTSTRAP",),
     )
     # Lets several pipelines (and tests) share one broker without sharing topics or groups.
-    topic_prefix: str = setting("", flag="--topic-prefix", help="prefix for topic and group names")
+    topic_prefix: SafePrefix = setting(
+        "", flag="--topic-prefix", help="prefix for topic and group names"
+    )
     partitions: int = setting(
         64, flag="--partitions", help="partitions for topics this command creates", gt=0
     )
@@ -85,8 +123,11 @@ class KafkaSettings(Settings):
     sasl_password: SecretStr | None = None
     ssl_cafile: str | None = None
     max_message_bytes: int = setting(8 * 1024 * 1024, gt=0)
-    # Group liveness: a crashed consumer's partitions move after the session timeout.
-    session_timeout_s: float = setting(60.0, gt=0)
+    # Group liveness: a crashed consumer's partitions move after the session timeout, and a
+    # restarted one without --instance-id waits for its dead predecessor to expire. Heartbeats
+    # are sent every session/10 s from the event loop, which never blocks (tokenizing runs in a
+    # thread), so 10 s is safe and keeps recovery after kill -9 within ~15 s (README).
+    session_timeout_s: float = setting(10.0, gt=0)
     # a generation may take minutes, so the poll interval is long (faust default: 300 s)
     max_poll_interval_s: float = setting(1000.0, gt=0)
 
@@ -241,7 +282,7 @@ class GenerateSettings(Settings):
     # longest gap between two health probes of a server that is down
     health_interval_s: float = setting(2.0, gt=0)
     # static membership: a restart with the same id does not rebalance the group
-    instance_id: str | None = setting(
+    instance_id: SafeName | None = setting(
         None,
         flag="--instance-id",
         help="static group membership id: a restart does not rebalance",
@@ -279,7 +320,7 @@ class OnceSettings(Settings):
 
 class TokenizeSettings(Settings):
     tokenizer_dir: str = setting(flag="--tokenizer", help="the target's tokenizer directory")
-    dataset: str = setting(flag="--dataset", help="dataset version name")
+    dataset: SafeName = setting(flag="--dataset", help="dataset version name")
     storage: StorageSettings
     kafka: KafkaSettings = setting(default_factory=lambda: KafkaSettings())
     family: Family | None = setting(
@@ -310,7 +351,7 @@ class TokenizeSettings(Settings):
         gt=0,
     )
     # group per dataset version; None: derived from the dataset name
-    group_id: str | None = None
+    group_id: SafeName | None = None
     from_beginning: bool = True
     # compare server ids with the rendering (costs a render + encode per server sample)
     measure_drift: bool = setting(
@@ -326,7 +367,7 @@ class TokenizeSettings(Settings):
 
 
 class ObserveSettings(Settings):
-    """Worker metrics and heartbeats."""
+    """Worker metrics, heartbeats and local state."""
 
     # None: no /metrics endpoint; 0: a free port
     metrics_port: int | None = setting(
@@ -349,6 +390,12 @@ class ObserveSettings(Settings):
         ge=0,
     )
     rate_window_s: float = setting(30.0, gt=0)
+    # the crash record (streams/core/crash_guard.py); None: ~/.local/state/draftgen
+    state_dir: str | None = setting(
+        None,
+        flag="--state-dir",
+        help="where the worker notes a record it crashed on (default ~/.local/state/draftgen)",
+    )
 
 
 class PublishSettings(Settings):
@@ -404,7 +451,7 @@ class RunSettings(Settings):
         2, flag="--servers", help="how many emulated servers to start when no --server", gt=0
     )
     out: str | None = setting(None, flag="--out", help="output root (default: runs/<time>/out)")
-    dataset: str = setting("sample", flag="--dataset", help="dataset version name")
+    dataset: SafeName = setting("sample", flag="--dataset", help="dataset version name")
     tokenizer: str | None = setting(
         None,
         flag="--tokenizer",
@@ -438,7 +485,7 @@ class StatusSettings(Settings):
     out: str | None = setting(
         None, flag="--out", help="output root of the dataset versions (for samples and tokens)"
     )
-    datasets: list[str] = setting(
+    datasets: list[SafeName] = setting(
         default_factory=list,
         flag="--dataset",
         help="a dataset version, repeatable (default: every one found under --out)",

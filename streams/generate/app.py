@@ -7,7 +7,8 @@ from typing import Any
 
 import faust
 
-from streams.core.faust_app import create_app, kafka_sender, raw_topic
+from streams.core.crash_guard import CrashGuard
+from streams.core.faust_app import consume, create_app, kafka_sender, raw_topic
 from streams.core.records import CompletionRecord, PromptRecord
 from streams.core.settings import (
     COMPLETIONS,
@@ -63,7 +64,7 @@ def observe_generate(
     app: faust.App, worker: GenerateWorker, metrics: GenerateMetrics, settings: ObserveSettings
 ) -> str | None:
     metrics.attach(lambda: generate_figures(worker.stats, metrics.requests))
-    return install(app, worker.settings.kafka, metrics, settings)
+    return install(app, worker.settings.kafka, metrics, settings, worker.broker)
 
 
 def build_generate_app(
@@ -81,8 +82,11 @@ def build_generate_app(
         instance_id=settings.instance_id,
     )
     metrics = GenerateMetrics(settings.server)
+    observe = observe or ObserveSettings()
     # each prompt once per generation settings (ledger), optionally stealing at the end
     once = once or OnceSettings()
+    identity = settings.instance_id or settings.server
+    guard = CrashGuard(observe.state_dir, f"{kafka.group(GENERATE_GROUP)}-{identity}")
     worker = OnceGenerateWorker(
         settings,
         TimedClient(settings, metrics),
@@ -92,13 +96,13 @@ def build_generate_app(
         ledger_topic=kafka.topic(GENERATED),
         once=once,
     )
-    observe_generate(app, worker, metrics, observe or ObserveSettings())
+    worker.guard = guard
+    observe_generate(app, worker, metrics, observe)
 
     @app.agent(raw_topic(app, kafka.topic(PROMPTS)), name="generate")
     async def generate(stream: Any) -> None:
         # Acks are ours (ordered, after delivery): see streams/generate/inflight.py.
-        async for event in stream.noack().events():
-            await worker.submit(event)
+        await consume(stream, guard, worker.submit)
 
     @app.task
     async def start_worker() -> None:

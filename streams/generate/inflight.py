@@ -38,6 +38,10 @@ class InFlightWindow(Generic[E]):
             released.append(item)  # type: ignore[arg-type]
         return released
 
+    def holds(self, partition: Hashable, offset: int) -> bool:
+        """Whether this offset is still ours (its partition not revoked since it was added)."""
+        return offset in self._pending.get(partition, {})
+
     def forget(self, partitions: Iterable[Hashable]) -> int:
         """Drop revoked partitions; returns how many in-flight offsets were dropped."""
         dropped = 0

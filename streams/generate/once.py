@@ -15,11 +15,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 import orjson
 
 from streams.core.faust_app import Event, Send
-from streams.core.ledger import REGENERATE, LedgerFollower, ledger_key, ledger_value, settings_hash
+from streams.core.ledger import (
+    REGENERATE,
+    LedgerFollower,
+    dead_key,
+    ledger_key,
+    ledger_value,
+    settings_hash,
+)
 from streams.core.settings import GenerateSettings, OnceSettings
 from streams.core.turns import FINAL
 from streams.generate.client import SGLangClient
@@ -80,18 +88,26 @@ class OnceGenerateWorker(GenerateWorker):
 
     def already_generated(self, prompt_id: str, value: bytes) -> bool:
         regen, regenerate = prompt_mode(value)
-        return not regenerate and self.ledger.contains(prompt_id, self.settings_key(regen))
+        return not regenerate and self.ledger.ended(prompt_id, self.settings_key(regen))
 
-    async def process_all(self, key: bytes | None, value: bytes) -> list[Output]:
+    async def process_all(
+        self, key: bytes | None, value: bytes, owned: Callable[[], bool] = lambda: True
+    ) -> list[Output]:
         if not self.once.ledger or not key:
-            return await super().process_all(key, value)
-        await self._generate_and_record(key, value, keep_dead_letters=True)
+            return await super().process_all(key, value, owned)
+        await self._generate_and_record(key, value, keep_dead_letters=owned)
         return []  # already sent, in order, before the ledger learnt of the prompt
 
-    async def _generate_and_record(self, key: bytes, value: bytes, keep_dead_letters: bool) -> bool:
-        """Generate unless the ledger has it; send the outputs, then record it. The ledger (and
-        this process's view of it) learns of a prompt only once its completion is acknowledged
-        by Kafka, so a copy skipped because of it can never be the prompt's last chance."""
+    async def _generate_and_record(
+        self, key: bytes, value: bytes, keep_dead_letters: Callable[[], bool]
+    ) -> bool:
+        """Generate unless the ledger has its outcome; send the outputs, then record it. The
+        ledger (and this process's view of it) learns of a prompt only once its completion or
+        dead letter is acknowledged by Kafka, so a copy skipped because of it can never be the
+        prompt's last chance. Exactly one outcome: a prompt the ledger says ended (completed or
+        dead-lettered) is not done again (a redelivery after a crash); a dead letter is dropped
+        when the prompt is no longer ours (`keep_dead_letters()` false: revoked, or stolen) or
+        when a completion of it was recorded meanwhile (by the worker it moved from)."""
         await self.ledger.caught_up.wait()
         prompt_id = key.decode("utf-8", "replace")
         regen, regenerate = prompt_mode(value)
@@ -99,25 +115,31 @@ class OnceGenerateWorker(GenerateWorker):
         # a copy of this prompt is in flight here: let it finish, then ask the ledger
         while (running := self._running.get(prompt_id)) is not None:
             await asyncio.shield(running)
-        if not regenerate and self.ledger.contains(prompt_id, settings):
+        if not regenerate and self.ledger.ended(prompt_id, settings):
             self.stats.skipped += 1
             return False
         done = asyncio.get_running_loop().create_future()
         self._running[prompt_id] = done
         try:
             outputs = await super().process_all(key, value)
-            if not keep_dead_letters:
-                outputs = [o for o in outputs if o[0] != self.dead_letters_topic]
             completed = any(topic == self.completions_topic for topic, _, _ in outputs)
+            dead = any(topic == self.dead_letters_topic for topic, _, _ in outputs)
+            if dead and (not keep_dead_letters() or self.ledger.contains(prompt_id, settings)):
+                dead = False
+                outputs = [o for o in outputs if o[0] != self.dead_letters_topic]
+            record = ledger_value(prompt_id, settings, self.client.base_url)
             if completed:
-                record = ledger_value(prompt_id, settings, self.client.base_url)
                 outputs.append(
                     (self.ledger_topic, ledger_key(prompt_id, settings).encode(), record)
                 )
+            elif dead:
+                outputs.append((self.ledger_topic, dead_key(prompt_id, settings).encode(), record))
             for topic, out_key, out_value in outputs:
                 await self._send_until_acked(topic, out_key, out_value)
             if completed:
                 self.ledger.add(prompt_id, settings)
+            elif dead:
+                self.ledger.add_dead(prompt_id, settings)
         finally:
             del self._running[prompt_id]
             done.set_result(None)
@@ -131,7 +153,7 @@ class OnceGenerateWorker(GenerateWorker):
             await self._slots.acquire()
             self._started_one()
             try:
-                return await self._generate_and_record(key, value, keep_dead_letters=False)
+                return await self._generate_and_record(key, value, keep_dead_letters=lambda: False)
             except asyncio.CancelledError:
                 raise
             except Exception:

@@ -2,19 +2,25 @@
 
 A prompt's offset is acked (and so committed) only after its completion, or its dead letter,
 has been acknowledged by Kafka, and only in offset order (see streams/generate/inflight.py).
+Any exception while handling one prompt becomes that prompt's dead letter, never a crash. A
+prompt whose partition was revoked while it was in flight gets no dead letter from here: its
+new owner redoes it and decides (a completion is still sent: the tokenize stage keeps one).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from streams.core.crash_guard import CRASH_LOOP, CrashGuard
 from streams.core.faust_app import Event, Send
 from streams.core.normalize import validate_prompt_messages
 from streams.core.records import CompletionRecord, DeadLetter, PromptRecord, RecordError
-from streams.core.retry import Backoff, until_done
+from streams.core.retry import Backoff, Outage, until_done
 from streams.core.settings import GenerateSettings
 from streams.generate import regen
 from streams.generate.client import GenerationError, SGLangClient
@@ -48,7 +54,9 @@ class GenerateWorker:
         send: Send,
         completions_topic: str,
         dead_letters_topic: str,
+        guard: CrashGuard | None = None,
     ):
+        self.guard = guard
         self.settings = settings
         self.client = client
         self.send = send
@@ -61,12 +69,16 @@ class GenerateWorker:
         # probes of a down server: backing off, but never more than `health_interval_s` apart,
         # so the worker resumes soon after the server is back
         self._probe_backoff = Backoff(settings.backoff_initial_s, settings.health_interval_s)
+        # what this worker knows of its dependencies: one line when one goes, one when it is back
+        self.broker = Outage("broker", log)
+        self.server = Outage(f"server {client.base_url}", log)
         self._slots = asyncio.Semaphore(settings.concurrency)
         self._server_up = asyncio.Event()
         self._ready = asyncio.Event()
         self._nothing_in_flight = asyncio.Event()
         self._nothing_in_flight.set()
         self._prober: asyncio.Task[None] | None = None
+        self._down_since = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -74,7 +86,7 @@ class GenerateWorker:
     async def start(self) -> None:
         """Wait for the server to answer, learn its model, then let the agent take prompts."""
         what = f"asking {self.client.base_url} for its model"
-        await until_done(what, self.client.discover, self.backoff, log)
+        await until_done(what, self.client.discover, self.backoff, log, self.server)
         log.info(
             "generating with model %s (%s family) on %s, %d in flight",
             self.client.model,
@@ -100,9 +112,12 @@ class GenerateWorker:
         await self._slots.acquire()
         await self._server_up.wait()
         message = event.message
+        poisoned = None
+        if self.guard is not None:
+            poisoned = self.guard.poisoned(message.tp.topic, message.tp.partition, message.offset)
         self.window.add(message.tp, message.offset, event)
         self._started_one()
-        task = asyncio.create_task(self._run_one(event))
+        task = asyncio.create_task(self._run_one(event, poisoned))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -113,19 +128,32 @@ class GenerateWorker:
                 "partitions revoked with %d prompts in flight; their new owner redoes them", dropped
             )
 
-    async def _run_one(self, event: Event) -> None:
+    async def _run_one(self, event: Event, poisoned: str | None = None) -> None:
+        message = event.message
+
+        def owned() -> bool:
+            return self.window.holds(message.tp, message.offset)
+
+        raw = bytes(event.value)
+        prompt_id = bytes(event.key).decode("utf-8", "replace") if event.key else None
         try:
-            for topic, key, value in await self.process_all(event.key, event.value):
+            if poisoned is not None:  # it crashed this worker twice: its dead letter, no retry
+                outputs = [self._dead_letter(CRASH_LOOP, poisoned, raw, prompt_id)]
+            else:
+                outputs = await self.process_all(event.key, raw, owned)
+            for topic, key, value in outputs:
+                if topic == self.dead_letters_topic and not owned():
+                    continue  # revoked meanwhile: the new owner decides this prompt's outcome
                 await self._send_until_acked(topic, key, value)
         except asyncio.CancelledError:
             raise
         except Exception as err:  # a bug, not bad input: dead-letter it so the partition moves on
             log.exception("unexpected failure on a prompt; sending it to dead letters")
-            prompt_id = bytes(event.key).decode("utf-8", "replace") if event.key else None
-            letter = self._dead_letter(
-                "internal_error", f"{type(err).__name__}: {err}", bytes(event.value), prompt_id
-            )
-            await self._send_until_acked(*letter)
+            if owned():
+                letter = self._dead_letter(
+                    "internal_error", f"{type(err).__name__}: {err}", raw, prompt_id
+                )
+                await self._send_until_acked(*letter)
         self._finished_one()
         self._slots.release()
         message = event.message
@@ -143,8 +171,11 @@ class GenerateWorker:
 
     # -- one prompt --------------------------------------------------------------------------
 
-    async def process_all(self, key: bytes | None, value: bytes) -> list[tuple[str, bytes, bytes]]:
-        """Every output of one prompt: one, or one per turn for `--regen every-turn`."""
+    async def process_all(
+        self, key: bytes | None, value: bytes, owned: Callable[[], bool] = lambda: True
+    ) -> list[tuple[str, bytes, bytes]]:
+        """Every output of one prompt: one, or one per turn for `--regen every-turn`, for the
+        caller to send; `owned()` says whether the prompt is still this worker's."""
         planned = regen.conversation_to_regenerate(value)
         if planned is None:
             return [await self.process(key, value)]
@@ -205,6 +236,7 @@ class GenerateWorker:
         if self._server_up.is_set():
             self._server_up.clear()
             self.stats.paused = True
+            self._down_since = time.monotonic()
             log.warning("server %s is down; pausing until it is healthy", self.client.base_url)
             self._prober = asyncio.create_task(self._probe_until_healthy())
         await self._server_up.wait()
@@ -214,7 +246,11 @@ class GenerateWorker:
         while not await self._healthy():
             attempt += 1
             await self._probe_backoff.sleep(attempt)
-        log.warning("server %s is healthy again; resuming", self.client.base_url)
+        log.warning(
+            "server %s is healthy again; resuming after %.0f s down",
+            self.client.base_url,
+            time.monotonic() - self._down_since,
+        )
         self.stats.paused = False
         self._server_up.set()
 
@@ -236,5 +272,9 @@ class GenerateWorker:
     async def _send_until_acked(self, topic: str, key: bytes, value: bytes) -> None:
         """Kafka down is an outage to wait out, not a reason to lose the generation."""
         await until_done(
-            f"writing to {topic}", lambda: self.send(topic, key, value), self.backoff, log
+            f"writing to {topic}",
+            lambda: self.send(topic, key, value),
+            self.backoff,
+            log,
+            self.broker,
         )

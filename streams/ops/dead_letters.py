@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import orjson
 from aiokafka import AIOKafkaProducer
 
+from streams.core.ledger import REGENERATE
 from streams.core.normalize import make_prompt_record
-from streams.core.records import DeadLetter, RecordError
+from streams.core.records import DeadLetter, PromptRecord, RecordError
 from streams.core.settings import COMPLETIONS, PROMPTS, KafkaSettings
 from streams.ops.progress import DeadLetterReader
 
@@ -65,6 +66,16 @@ def republishable(letter: DeadLetter) -> tuple[str, bytes, bytes]:
         return PROMPTS, record.prompt_id.encode(), record.encode()
     if letter.stage not in _INPUT_TOPIC:
         raise RecordError("unknown_stage", f"no input topic for stage {letter.stage!r}")
+    if letter.stage == "generate":
+        # The ledger records the dead letter, so workers would skip the prompt: ask for a new
+        # attempt. A payload that is still not a record goes back as it was.
+        try:
+            prompt = PromptRecord.decode(raw)
+        except RecordError:
+            pass
+        else:
+            prompt.meta = {**prompt.meta, REGENERATE: True}
+            raw = prompt.encode()
     return _INPUT_TOPIC[letter.stage], (letter.prompt_id or "").encode(), raw
 
 

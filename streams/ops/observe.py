@@ -10,11 +10,13 @@ import asyncio
 import contextlib
 import logging
 import sys
+import time
 from typing import Any
 
 import faust
 
 from streams.core.faust_app import kafka_sender, raw_topic
+from streams.core.outage import Outage
 from streams.core.settings import WORKER_STATS, KafkaSettings, ObserveSettings
 from streams.ops.heartbeat import RateWindow, new_heartbeat, refresh
 from streams.ops.metrics import WorkerMetrics, serve_metrics
@@ -23,9 +25,15 @@ log = logging.getLogger(__name__)
 
 
 def install(
-    app: faust.App, kafka: KafkaSettings, metrics: WorkerMetrics, settings: ObserveSettings
+    app: faust.App,
+    kafka: KafkaSettings,
+    metrics: WorkerMetrics,
+    settings: ObserveSettings,
+    broker: Outage | None = None,
 ) -> str | None:
-    """Start /metrics (if asked) and schedule heartbeats; returns the metrics URL."""
+    """Start /metrics (if asked) and schedule heartbeats; returns the metrics URL. Each
+    heartbeat's delivery tells `broker` whether the broker is reachable, so a worker with
+    nothing to write still reports an outage and the reconnection."""
     url = None
     if settings.metrics_port is not None:
         url = serve_metrics(metrics.registry, settings.metrics_host, settings.metrics_port)
@@ -43,11 +51,18 @@ def install(
     async def heartbeat() -> None:
         figures = metrics.figures()
         refresh(beat, window, figures.counters, figures.gauges, figures.errors)
+        started = time.monotonic()
         try:
             # bounded: a heartbeat is worth less than the worker's time; the next one follows
             await asyncio.wait_for(send(topic, key, beat.encode()), settings.heartbeat_s * 2)
         except Exception as err:
             log.debug("heartbeat not sent: %s", type(err).__name__)
+            if broker is not None:
+                took = time.monotonic() - started
+                broker.failed(f"heartbeat not delivered: {type(err).__name__}", took)
+        else:
+            if broker is not None:
+                broker.succeeded()
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]  # faust types are narrower than its runtime
     async def remove_heartbeat(sender: Any, *_: Any, **__: Any) -> None:

@@ -3,6 +3,7 @@ its shard sink."""
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -10,13 +11,17 @@ import faust
 
 from sinks.shards import ShardStore
 from sinks.sink import SinkStats
-from streams.core.faust_app import create_app, kafka_sender, raw_topic
+from streams.core.crash_guard import CrashGuard
+from streams.core.faust_app import consume, create_app, kafka_sender, raw_topic
+from streams.core.outage import Outage
 from streams.core.settings import COMPLETIONS, DEAD_LETTERS, ObserveSettings, TokenizeSettings
 from streams.ops.metrics import Figures, TokenizeMetrics
 from streams.ops.observe import install
 from streams.tokenize.loading import LoadedTokenizer
 from streams.tokenize.policies import PolicySampleBuilder
 from streams.tokenize.stage import TokenizeStats, TokenizeWorker
+
+log = logging.getLogger(__name__)
 
 
 def tokenize_figures(stats: TokenizeStats, sink: SinkStats) -> Figures:
@@ -44,7 +49,7 @@ def observe_tokenize(
     app: faust.App, worker: TokenizeWorker, metrics: TokenizeMetrics, settings: ObserveSettings
 ) -> str | None:
     metrics.attach(lambda: tokenize_figures(worker.stats, worker.sink.stats))
-    return install(app, worker.settings.kafka, metrics, settings)
+    return install(app, worker.settings.kafka, metrics, settings, Outage("broker", log))
 
 
 def manifest(settings: TokenizeSettings, loaded: LoadedTokenizer) -> dict[str, Any]:
@@ -71,6 +76,8 @@ def build_tokenize_app(
     observe: ObserveSettings | None = None,
 ) -> tuple[faust.App, TokenizeWorker]:
     kafka = settings.kafka
+    observe = observe or ObserveSettings()
+    guard = CrashGuard(observe.state_dir, settings.consumer_group)
     app = create_app(
         settings.consumer_group,
         kafka,
@@ -91,14 +98,14 @@ def build_tokenize_app(
         dead_letters_topic=kafka.topic(DEAD_LETTERS),
         # the fencing token of the shards this worker writes (sinks/sink.py)
         generation=lambda: int(app.consumer_generation_id),
+        guard=guard,
     )
-    observe_tokenize(app, worker, TokenizeMetrics(settings.dataset), observe or ObserveSettings())
+    observe_tokenize(app, worker, TokenizeMetrics(settings.dataset), observe)
 
     @app.agent(raw_topic(app, kafka.topic(COMPLETIONS)), name="tokenize")
     async def tokenize(stream: Any) -> None:
         # Acks are ours: a window's events are acked after its shard and marker are written.
-        async for event in stream.noack().events():
-            await worker.sink.add(event)
+        await consume(stream, guard, worker.sink.add)
 
     @app.timer(interval=1.0)
     async def flush_idle() -> None:

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
+import numpy as np
 import tiktoken
 
 from streams.core.families import FamilyProfile
@@ -126,7 +127,7 @@ class SampleBuilder:
         results: list[Sample | SampleError | None] = [None] * len(completions)
         rendered: dict[int, RenderedText | SampleError] = {}
         for i, completion in enumerate(completions):
-            server = _server_ids(completion)
+            server = _server_ids(completion, self._vocab_size)
             if isinstance(server, SampleError):
                 results[i] = server
                 continue
@@ -284,7 +285,7 @@ class SampleBuilder:
         completion: CompletionRecord,
         rendered: tuple[list[int], int] | SampleError | None,
     ) -> Sample | SampleError:
-        server = _server_ids(completion)
+        server = _server_ids(completion, self._vocab_size)
         assert not isinstance(server, SampleError)  # checked in build_many
         if server is None or self.prefer == "rendered":
             if rendered is None or isinstance(rendered, SampleError):
@@ -454,12 +455,34 @@ def _count_calls(messages: Iterable[Message]) -> int:
     return sum(len(m.get("tool_calls") or []) for m in messages if m.get("role") == "assistant")
 
 
-def _server_ids(completion: CompletionRecord) -> tuple[list[int], list[int]] | SampleError | None:
+def _server_ids(
+    completion: CompletionRecord, vocab_size: int
+) -> tuple[list[int], list[int]] | SampleError | None:
+    """The server's (prompt, output) ids, checked before any sample is built from them:
+    integers, `0 <= id < vocab_size`, a non-empty output. One numpy pass, no loop per token."""
     prompt, output = completion.prompt_token_ids, completion.output_token_ids
     if prompt is None and output is None:
         return None
     if not isinstance(prompt, list) or not isinstance(output, list):
         return SampleError("bad_token_ids", "only one of prompt/output token ids is present")
+    if not output:
+        return SampleError("bad_token_ids", "the server returned no output token ids")
+    for name, ids in (("prompt", prompt), ("output", output)):
+        if not ids:
+            continue
+        try:
+            array = np.asarray(ids)
+        except ValueError:
+            array = np.asarray([], dtype=object)
+        if array.ndim != 1 or array.dtype.kind not in "iu":
+            return SampleError("bad_token_ids", f"{name} token ids are not all integers")
+        low, high = int(array.min()), int(array.max())
+        if low < 0 or high >= vocab_size:
+            bad = low if low < 0 else high
+            return SampleError(
+                "token_out_of_range",
+                f"{name} token id {bad} outside [0, {vocab_size}) (the vocabulary)",
+            )
     return prompt, output
 
 

@@ -19,6 +19,7 @@ from functools import partial
 
 from sinks.shards import SampleRow, ShardMarker, ShardStore
 from sinks.sink import STORAGE_BACKOFF, Admitted, Prepared, ShardSink
+from streams.core.crash_guard import CRASH_LOOP, CrashGuard
 from streams.core.faults import AFTER_DEAD_LETTERS, AFTER_MARKER, CrashPoint
 from streams.core.faust_app import Event, Send
 from streams.core.records import CompletionRecord, DeadLetter, RecordError
@@ -60,7 +61,9 @@ class TokenizeWorker:
         backoff: Backoff = STORAGE_BACKOFF,
         clock: Callable[[], float] = time.monotonic,
         generation: Callable[[], int] = lambda: 0,
+        guard: CrashGuard | None = None,
     ):
+        self.guard = guard
         self.settings = settings
         self.builder = builder
         self.send = send
@@ -84,13 +87,27 @@ class TokenizeWorker:
     # -- SinkStage -----------------------------------------------------------------------------
 
     def admit(self, tp: Hashable, event: Event) -> Admitted[Item]:
+        """Decode one record (every field checked there): a dead letter for anything wrong
+        with it, or for any exception while admitting it; never an exception."""
         raw = bytes(event.value)
+        key = bytes(event.key).decode("utf-8", "replace") if event.key else None
+        where = (event.message.tp.topic, event.message.tp.partition, event.message.offset)
+        if self.guard and (error := self.guard.poisoned(*where)):
+            letter = DeadLetter.for_payload(STAGE, CRASH_LOOP, error, raw, key)
+            return Admitted(letter, key=key or None, size=len(raw))
         try:
-            completion = CompletionRecord.decode(raw)
+            return self._admit(tp, raw)
         except RecordError as err:
-            key = event.key.decode("utf-8", "replace") if event.key else None
             letter = DeadLetter.for_payload(STAGE, err.kind, err.message, raw, key)
             return Admitted(letter, key=key or None, size=len(raw))
+        except Exception as err:  # a bug, not bad input: this record's dead letter
+            log.exception("unexpected failure admitting a completion; dead-lettering it")
+            text = f"{type(err).__name__}: {err}"
+            letter = DeadLetter.for_payload(STAGE, "internal_error", text, raw, key)
+            return Admitted(letter, key=key or None, size=len(raw))
+
+    def _admit(self, tp: Hashable, raw: bytes) -> Admitted[Item]:
+        completion = CompletionRecord.decode(raw)
         usage = completion.usage or {}
         tokens = int(usage.get("total_tokens") or 0) or len(completion.content) // 3
         return Admitted(completion, key=completion.prompt_id, tokens=tokens, size=len(raw))
@@ -98,9 +115,15 @@ class TokenizeWorker:
     async def prepare(self, items: list[Item]) -> Prepared:
         letters = [item for item in items if isinstance(item, DeadLetter)]
         completions = [item for item in items if isinstance(item, CompletionRecord)]
-        built = await asyncio.to_thread(self.builder.build_many, completions)
+        built = await asyncio.to_thread(self._build_each, completions)
         rows: list[SampleRow] = []
         for completion, result in zip(completions, built, strict=True):
+            if not isinstance(result, SampleError):
+                try:
+                    rows.append(self._row(completion, result))
+                    continue
+                except Exception as err:  # a bug: this record's dead letter, not the window's
+                    result = SampleError("internal_error", f"{type(err).__name__}: {err}")
             if isinstance(result, SampleError):
                 letters.append(
                     DeadLetter.for_payload(
@@ -112,8 +135,6 @@ class TokenizeWorker:
                     )
                 )
                 self.stats.rejected[result.kind] = self.stats.rejected.get(result.kind, 0) + 1
-                continue
-            rows.append(self._row(completion, result))
         # Dead letters first: once the marker exists the window's offsets may be committed.
         for letter in letters:
             key = (letter.prompt_id or "").encode()
@@ -132,6 +153,20 @@ class TokenizeWorker:
         self.stats.loss_tokens += marker.loss_tokens
         # every item became a row or a dead letter
         self.stats.dead_letters += len(items) - marker.rows
+
+    def _build_each(self, completions: list[CompletionRecord]) -> list[Sample | SampleError]:
+        """The batch build; if it raises, one by one, so an exception costs only its record."""
+        try:
+            return self.builder.build_many(completions)
+        except Exception:
+            log.exception("a sample batch failed; building its completions one by one")
+        results: list[Sample | SampleError] = []
+        for completion in completions:
+            try:
+                results += self.builder.build_many([completion])
+            except Exception as err:
+                results.append(SampleError("internal_error", f"{type(err).__name__}: {err}"))
+        return results
 
     def _row(self, completion: CompletionRecord, sample: Sample) -> SampleRow:
         if sample.drift is not None:

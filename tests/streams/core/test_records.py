@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import orjson
 import pytest
 
 from streams.core.records import CompletionRecord, DeadLetter, PromptRecord, RecordError
+from tests.bad_records import (
+    BAD_SHAPES,
+    COMPLETION_FIELDS,
+    DEAD_LETTER_FIELDS,
+    PROMPT_FIELDS,
+    completion_dict,
+    dead_letter_dict,
+    prompt_dict,
+    with_field,
+)
 
 
 def test_prompt_round_trip_keeps_every_field() -> None:
@@ -66,3 +78,80 @@ def test_dead_letter_keeps_undecodable_payload_visible() -> None:
     decoded = DeadLetter.decode(letter.encode())
     assert decoded.payload == "ab\\xffcd"
     assert (decoded.stage, decoded.kind, decoded.prompt_id) == ("generate", "invalid_utf8", "p1")
+
+
+# -- every field checked for type and range where it is decoded ------------------------------
+
+RECORDS = {
+    PromptRecord: (prompt_dict("p1"), PROMPT_FIELDS),
+    CompletionRecord: (completion_dict("p1"), COMPLETION_FIELDS),
+    DeadLetter: (dead_letter_dict(), DEAD_LETTER_FIELDS),
+}
+
+
+@pytest.mark.parametrize("record_type", list(RECORDS), ids=lambda t: t.__name__)
+def test_every_field_has_a_check_and_a_wrong_value_case(record_type: type) -> None:
+    names = {f.name for f in dataclasses.fields(record_type)}
+    valid, wrong = RECORDS[record_type]
+    assert set(record_type._checks) == names
+    assert set(wrong) == names
+    assert set(valid) - {"v"} == names
+    record_type.decode(orjson.dumps(valid))  # the valid base decodes
+
+
+CASES = [
+    (record_type, name, value, kind)
+    for record_type, (_, wrong) in RECORDS.items()
+    for name, (value, kind) in wrong.items()
+]
+
+
+@pytest.mark.parametrize(
+    ("record_type", "name", "value", "kind"),
+    CASES,
+    ids=[f"{t.__name__}.{name}" for t, name, _, _ in CASES],
+)
+def test_a_field_of_the_wrong_type_is_one_record_error(
+    record_type: type, name: str, value: object, kind: str
+) -> None:
+    valid, _ = RECORDS[record_type]
+    with pytest.raises(RecordError) as caught:
+        record_type.decode(with_field(valid, name, value))
+    assert caught.value.kind == kind
+    assert repr(name) in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ([True, False], "integer token ids"),
+        ([1, -1], "negative token id"),
+        ([1, 2.0], "integer token ids"),
+        ([1, "2"], "integer token ids"),
+        ([1, [2]], "integer token ids"),
+        ("123", "list of token ids"),
+    ],
+)
+def test_token_ids_are_non_negative_integers(value: object, problem: str) -> None:
+    with pytest.raises(RecordError) as caught:
+        CompletionRecord.decode(with_field(completion_dict("p"), "output_token_ids", value))
+    assert caught.value.kind == "bad_token_ids" and problem in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("meta", "problem"),
+    [({"conversation_id": 3}, "conversation_id"), ({"regen": ["every-turn"]}, "regen")],
+)
+def test_meta_keys_the_stages_read_are_checked(meta: object, problem: str) -> None:
+    with pytest.raises(RecordError) as caught:
+        PromptRecord.decode(with_field(prompt_dict("p"), "meta", meta))
+    assert caught.value.kind == "bad_shape" and problem in caught.value.message
+
+
+@pytest.mark.parametrize("shape", list(BAD_SHAPES))
+def test_each_malformed_shape_has_its_kind(shape: str) -> None:
+    raw, kind = BAD_SHAPES[shape]
+    for record_type in RECORDS:
+        with pytest.raises(RecordError) as caught:
+            record_type.decode(raw)
+        assert caught.value.kind == kind

@@ -117,6 +117,8 @@ def test_turn_prompt_carries_the_conversation() -> None:
 class FakeModel:
     """Answers each turn with its position; scripted failures by turn."""
 
+    base_url = "http://fake"
+
     def __init__(self, script: dict[int, Any] | None = None):
         self.script = script or {}
         self.prompts: list[PromptRecord] = []

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import namedtuple
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from streams.core.crash_guard import CrashGuard
 from streams.core.families import GENERIC
-from streams.core.ledger import ledger_key
+from streams.core.ledger import dead_key, ledger_key
 from streams.core.records import CompletionRecord, DeadLetter, PromptRecord
 from streams.core.settings import GenerateSettings, KafkaSettings, OnceSettings
 from streams.generate.app import generate_figures
@@ -25,6 +28,7 @@ from streams.generate.client import GenerationError
 from streams.generate.once import OnceGenerateWorker
 from streams.generate.steal import Stealer
 from streams.generate.worker import GenerateWorker
+from tests.bad_records import PROMPT_FIELDS, prompt_dict, with_field
 from tests.polling import wait_for_async
 
 SERVER = "http://fake-server"
@@ -353,6 +357,12 @@ class FakeLedger:
     def add(self, prompt_id: str, settings: str) -> None:
         self.keys.add(ledger_key(prompt_id, settings))
 
+    def ended(self, prompt_id: str, settings: str) -> bool:
+        return self.contains(prompt_id, settings) or dead_key(prompt_id, settings) in self.keys
+
+    def add_dead(self, prompt_id: str, settings: str) -> None:
+        self.keys.add(dead_key(prompt_id, settings))
+
 
 async def once_worker(
     client: FakeClient, kafka: FakeKafka
@@ -498,6 +508,120 @@ def test_the_stealer_waits_for_idleness_and_backs_off_only_when_nothing_was_take
         # and starts over after one that took a chunk
         assert pauses[:4] == [1, 2, 3, 1]
         assert looks[:6] == [0, 1, 2, 3, 3, 3]
+        await worker.stop()
+
+    run(scenario)
+
+
+# -- exactly one outcome per prompt --------------------------------------------------------------
+
+
+def test_a_dead_lettered_prompt_redelivered_after_a_crash_gets_no_second_dead_letter() -> None:
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        client.always["bad"] = GenerationError("context_too_long", "too long", transient=False)
+        worker, ledger = await once_worker(client, kafka)
+        await worker.submit(kafka.event(0, "bad"))
+        await until(lambda: kafka.acked() == [0], "the dead letter acked")
+        settings_key = worker.settings_key("final")
+        assert kafka.sent_to(LEDGER) == [dead_key("bad", settings_key)]
+        assert kafka.position(("sent", (DEAD, "bad"))) < kafka.position(
+            ("sent", (LEDGER, dead_key("bad", settings_key)))
+        )
+        await worker.stop()
+
+        # restarted before the offset was committed: the prompt comes again
+        restarted, fresh = await once_worker(client, kafka)
+        fresh.keys = set(ledger.keys)  # what it reads back from the ledger topic
+        await restarted.submit(kafka.event(0, "bad"))
+        await until(lambda: kafka.acked() == [0, 0], "the redelivery acked")
+        assert len(kafka.letters()) == 1 and client.requests == ["bad"]
+        assert restarted.stats.skipped == 1
+        await restarted.stop()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("with_ledger", [False, True])
+def test_a_prompt_revoked_in_flight_gets_no_dead_letter_from_its_old_owner(
+    with_ledger: bool,
+) -> None:
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        worker: GenerateWorker
+        if with_ledger:
+            worker, _ = await once_worker(client, kafka)
+        else:
+            worker = worker_for(client, kafka)
+            await worker.start()
+        client.gates["moved"] = asyncio.Event()
+        client.always["moved"] = GenerationError("context_too_long", "x", transient=False)
+        await worker.submit(kafka.event(0, "moved"))
+        await until(lambda: client.requests == ["moved"], "the request running")
+        worker.forget_partitions([TP])  # a rebalance gives the partition to another worker
+        client.gates["moved"].set()
+        await until(lambda: worker.stats.in_flight == 0, "the request done")
+        assert kafka.letters() == [] and kafka.acked() == []  # the new owner decides
+        await worker.stop()
+
+    run(scenario)
+
+
+def test_a_dead_letter_is_dropped_when_a_completion_was_recorded_meanwhile() -> None:
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        worker, ledger = await once_worker(client, kafka)
+        client.gates["raced"] = asyncio.Event()
+        client.always["raced"] = GenerationError("retries_exhausted", "x", transient=False)
+        await worker.submit(kafka.event(0, "raced"))
+        await until(lambda: client.requests == ["raced"], "the request running")
+        ledger.add("raced", worker.settings_key("final"))  # its former owner completed it
+        client.gates["raced"].set()
+        await until(lambda: kafka.acked() == [0], "acked")
+        assert kafka.letters() == [] and kafka.sent_to(LEDGER) == []
+        await worker.stop()
+
+    run(scenario)
+
+
+PromptsTP = namedtuple("PromptsTP", "topic partition")
+
+
+def test_a_prompt_that_crashed_the_worker_twice_is_dead_lettered_without_a_request(
+    tmp_path: Path,
+) -> None:
+    tp = PromptsTP("prompts", 0)
+    for _ in range(2):
+        CrashGuard(tmp_path, "w").crashed("prompts", 0, 1, MemoryError("boom"))
+
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        worker = worker_for(client, kafka)
+        worker.guard = CrashGuard(tmp_path, "w")
+        await worker.start()
+        for offset, pid in enumerate(("a", "poison", "b")):
+            await worker.submit(kafka.event(offset, pid, tp=tp))  # type: ignore[arg-type]
+        await until(lambda: kafka.acked(tp) == [0, 1, 2], "all acked")  # type: ignore[arg-type]
+        assert sorted(client.requests) == ["a", "b"]
+        [letter] = kafka.letters()
+        assert (letter.kind, letter.prompt_id) == ("crash_loop", "poison")
+        assert "MemoryError: boom" in letter.message
+        await worker.stop()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("field", ["prompt_id", "source", "meta", "published_at"])
+def test_a_prompt_with_a_field_of_the_wrong_type_is_one_bad_shape_letter(field: str) -> None:
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        worker, _ = await once_worker(client, kafka)
+        value, _kind = PROMPT_FIELDS[field]
+        raw = with_field(prompt_dict("p"), field, value)
+        await worker.submit(FakeEvent(kafka.journal, TP, 0, b"p", raw))
+        await until(lambda: kafka.acked() == [0], "acked")
+        assert [letter.kind for letter in kafka.letters()] == ["bad_shape"]
+        assert client.requests == []
         await worker.stop()
 
     run(scenario)

@@ -474,7 +474,40 @@ def test_build_many_keeps_order_and_reports_errors(fam: Family) -> None:
     assert isinstance(results[0], Sample) and results[0].token_source == "rendered"
     assert isinstance(results[2], Sample) and results[2].input_ids == [1, 2, 3]
     kinds = [r.kind if isinstance(r, SampleError) else None for r in results]
-    assert kinds == [None, "bad_token_ids", None, "too_few_loss_tokens", "token_out_of_range"]
+    assert kinds == [None, "bad_token_ids", None, "bad_token_ids", "token_out_of_range"]
+
+
+@pytest.mark.parametrize(
+    ("prompt_ids", "output_ids", "kind"),
+    [
+        ([1, 2], [-1, 3], "token_out_of_range"),
+        ([-5], [3], "token_out_of_range"),
+        ([1], "VOCAB", "token_out_of_range"),
+        ([1], [2.5], "bad_token_ids"),
+        (["1"], [2], "bad_token_ids"),
+        ([1], [[2]], "bad_token_ids"),
+        ([1], [], "bad_token_ids"),
+        ([], [], "bad_token_ids"),
+        ([1], None, "bad_token_ids"),
+    ],
+)
+def test_server_ids_are_checked_before_a_sample_is_built(
+    fam: Family, prompt_ids: Any, output_ids: Any, kind: str
+) -> None:
+    """Records built in code skip the decode point's checks: the builder checks again,
+    with the vocabulary it knows."""
+    if output_ids == "VOCAB":
+        output_ids = [len(fam.tokenizer)]
+    completion = CompletionRecord(
+        prompt_id="a",
+        messages=[{"role": "user", "content": "hi"}],
+        content="yo",
+        prompt_token_ids=prompt_ids,
+        output_token_ids=output_ids,
+    )
+    for drift in (False, True):
+        result = fam.builder(measure_drift=drift).build_many([completion])[0]
+        assert isinstance(result, SampleError) and result.kind == kind, result
 
 
 def test_an_encoding_failure_rejects_only_its_completion(families: dict[str, Family]) -> None:

@@ -14,10 +14,12 @@ import orjson
 import pytest
 
 from sinks.shards import ShardStore
+from streams.core.crash_guard import CrashGuard
 from streams.core.records import CompletionRecord, DeadLetter
 from streams.core.retry import Backoff
 from streams.tokenize.samples import Sample, SampleBuilder, SampleError
 from streams.tokenize.stage import TokenizeWorker
+from tests.bad_records import BAD_SHAPES, COMPLETION_FIELDS, completion_dict, with_field
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,8 @@ class FakeBuilder:
             if completion.content == "long":
                 results.append(SampleError("policy_length", "longer than --max-seq-len"))
                 continue
+            if completion.content == "raise":
+                raise RuntimeError("a bug in the builder")
             prompt, output = completion.prompt_token_ids or [], completion.output_token_ids or []
             mask = [0] * len(prompt) + [1] * len(output)
             results.append(Sample(prompt + output, mask, "server", drift=completion.server == "d"))
@@ -78,7 +82,13 @@ class FakeBuilder:
 
 
 class Stage:
-    def __init__(self, tmp_path: Path, generation: int = 0, **settings: Any):
+    def __init__(
+        self,
+        tmp_path: Path,
+        generation: int = 0,
+        guard: CrashGuard | None = None,
+        **settings: Any,
+    ):
         self.log: list[tuple[Any, ...]] = []
         self.now = 0.0
         self.store = ShardStore(str(tmp_path), "v1")
@@ -92,6 +102,7 @@ class Stage:
             backoff=Backoff(initial_s=0.0, max_s=0.0),
             clock=self.clock,
             generation=lambda: generation,
+            guard=guard,
         )
         self.offset = 0
 
@@ -347,3 +358,92 @@ def test_a_window_is_built_in_one_batch(tmp_path: Path) -> None:
     row = stage.store.read_table().to_pylist()[0]
     assert (row["input_ids"], row["loss_mask"]) == ([1, 2, 3, 4, 5], [0, 0, 1, 1, 1])
     assert orjson.loads(Path(stage.store.layout.marker(0, 0)).read_bytes())["rows"] == 4
+
+
+def test_each_wrong_field_and_shape_is_one_dead_letter_and_the_rest_is_written(
+    tmp_path: Path,
+) -> None:
+    """A completion with any field of the wrong type, or of any malformed shape, is one dead
+    letter of its kind; the valid records around it become rows and every offset is acked."""
+    stage = Stage(tmp_path, shard_max_records=1000)
+    cases = {
+        f"field-{name}": with_field(completion_dict(f"field-{name}"), name, value)
+        for name, (value, _) in COMPLETION_FIELDS.items()
+        if name != "prompt_id"
+    }
+    cases |= {f"shape-{name}": raw for name, (raw, _) in BAD_SHAPES.items()}
+    expected = {f"field-{name}": kind for name, (_, kind) in COMPLETION_FIELDS.items()}
+    expected |= {f"shape-{name}": kind for name, (_, kind) in BAD_SHAPES.items()}
+    expected["field-prompt_id"] = "bad_shape"
+    cases["field-prompt_id"] = with_field(completion_dict("x"), "prompt_id", 7)
+
+    async def run() -> None:
+        await stage.complete("good-1")
+        for key, raw in cases.items():
+            await stage.add(raw, key=key.encode())
+        await stage.complete("good-2")
+        await stage.worker.sink._flush(TP("completions", 0))
+
+    asyncio.run(run())
+    kinds = {letter[2].decode(): letter[3] for letter in stage.letters()}
+    assert kinds == expected
+    assert len(stage.letters()) == len(cases)
+    assert stage.store.read_table().column("prompt_id").to_pylist() == ["good-1", "good-2"]
+    assert stage.acks() == list(range(len(cases) + 2))
+
+
+def test_an_exception_while_building_costs_only_its_record(tmp_path: Path) -> None:
+    stage = Stage(tmp_path, shard_max_records=3)
+
+    async def run() -> None:
+        await stage.complete("a")
+        await stage.complete("b", content="raise")  # the batch raises: built one by one
+        await stage.complete("c")
+
+    asyncio.run(run())
+    assert [letter[2:5] for letter in stage.letters()] == [(b"b", "internal_error", "b")]
+    assert [m.prompt_ids for m in stage.store.markers()] == [["a", "c"]]
+    assert stage.acks() == [0, 1, 2]
+
+
+def test_an_exception_while_admitting_is_a_dead_letter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stage = Stage(tmp_path, shard_max_records=2)
+    real = CompletionRecord.decode
+
+    def decode(raw: bytes) -> CompletionRecord:
+        record = real(raw)
+        if record.prompt_id == "boom":
+            raise KeyError("a bug while admitting")
+        return record
+
+    monkeypatch.setattr(CompletionRecord, "decode", staticmethod(decode))
+
+    async def run() -> None:
+        await stage.complete("boom")
+        await stage.complete("a")
+
+    asyncio.run(run())
+    assert [letter[2:5] for letter in stage.letters()] == [(b"boom", "internal_error", "boom")]
+    assert [m.prompt_ids for m in stage.store.markers()] == [["a"]]
+
+
+def test_a_record_that_crashed_the_worker_twice_is_dead_lettered_on_the_next_start(
+    tmp_path: Path,
+) -> None:
+    guard = CrashGuard(tmp_path / "state", "tokenize-v1")
+    guard.crashed("completions", 0, 1, RuntimeError("boom"))
+    guard.crashed("completions", 0, 1, RuntimeError("boom"))
+    stage = Stage(
+        tmp_path, guard=CrashGuard(tmp_path / "state", "tokenize-v1"), shard_max_records=3
+    )
+
+    async def run() -> None:
+        await stage.complete("a")
+        await stage.complete("b")  # offset 1: the crash loop's record
+        await stage.complete("c")
+
+    asyncio.run(run())
+    assert [letter[2:5] for letter in stage.letters()] == [(b"b", "crash_loop", "b")]
+    assert [m.prompt_ids for m in stage.store.markers()] == [["a", "c"]]
