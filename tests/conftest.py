@@ -1,4 +1,6 @@
-"""Session-wide real infrastructure: one Kafka broker and one SeaweedFS, started once, by PID.
+"""Session-wide real infrastructure: one Kafka broker and one SeaweedFS, started once, by PID,
+when the first test needs them. Under pytest-xdist (`compose/setup.sh test` runs two workers)
+each worker process is a session of its own, with its own pair.
 
 Each test isolates itself with its own topic prefix (and so its own consumer groups) and its
 own bucket prefix, so tests can share the two services.
