@@ -1,11 +1,12 @@
 """Ctrl-C (and SIGTERM, and a second Ctrl-C) stops every process a command started.
 
 The real thing: `draftgen run` as a subprocess in a process group of its own, interrupted the
-way a terminal does it (SIGINT to the whole foreground group) during Kafka's start, mid-run,
-and twice in quick succession. Every descendant is recorded by PID (and start time, against
-PID reuse) from /proc while the command runs; after it exits none may be alive, and a second
-run in the same work directory must complete. The small tests below exercise the same
-machinery (`compose.process`) on plain Python children, without Kafka.
+way a terminal does it (SIGINT to the whole foreground group) while Kafka's storage is being
+formatted, while the broker starts, mid-run, and twice in quick succession. Every descendant
+is recorded by PID (and start time, against PID reuse) from /proc while the command runs;
+after it exits none may be alive, and a second run in the same work directory must complete.
+The small tests below exercise the same machinery (`compose.process`) on plain Python
+children, without Kafka.
 """
 
 from __future__ import annotations
@@ -193,6 +194,11 @@ def is_kafka_broker(proc: Proc) -> bool:
     return "kafka.Kafka" in proc.argv
 
 
+def is_kafka_format(proc: Proc) -> bool:
+    """The short-lived JVM that formats Kafka's log directory before the broker's first start."""
+    return "kafka.tools.StorageTool" in proc.argv and "format" in proc.argv
+
+
 def is_worker(proc: Proc) -> bool:
     return "worker" in proc.argv and ("generate" in proc.argv or "tokenize" in proc.argv)
 
@@ -202,12 +208,14 @@ def is_emulator(proc: Proc) -> bool:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("moment", ["kafka-starting", "mid-run", "twice"])
+@pytest.mark.parametrize("moment", ["kafka-format", "kafka-starting", "mid-run", "twice"])
 def test_interrupted_run_leaves_nothing_and_runs_again(tmp_path: Path, moment: str) -> None:
     workdir = tmp_path / "run"
     first = draftgen_run(workdir, tmp_path / "first")
     try:
-        if moment == "kafka-starting":
+        if moment == "kafka-format":
+            first.wait_for(is_kafka_format, "the JVM formatting Kafka's storage")
+        elif moment == "kafka-starting":
             first.wait_for(is_kafka_broker, "the Kafka broker's JVM")
         else:
             first.wait_for(is_worker, "three workers", count=3)
@@ -228,8 +236,11 @@ def test_interrupted_run_leaves_nothing_and_runs_again(tmp_path: Path, moment: s
         assert not left, f"left running after Ctrl-C ({moment}):\n{describe(left)}"
         assert rc == 130, first.output()
         started = first.started()
-        assert any(is_kafka_broker(p) for p in started)
-        if moment == "kafka-starting":
+        if moment == "kafka-format":
+            assert not any(is_kafka_broker(p) for p in started), "interrupted after the format"
+        else:
+            assert any(is_kafka_broker(p) for p in started)
+        if moment.startswith("kafka"):
             assert not any(is_emulator(p) for p in started), "interrupted after Kafka's start"
     finally:
         first.clean_up()
