@@ -34,7 +34,7 @@ import pyarrow.dataset as pads
 from sinks.layout import parse_shard_name
 from sinks.manifest import SealedManifest
 from sinks.resolve import resolve
-from sinks.shards import SHARD_SCHEMA, ShardMarker, ShardStore
+from sinks.shards import SHARD_SCHEMA, ShardMarker, ShardStore, read_present
 
 # listings a shard may fail its check in a row (rewritten under us) before it is an error
 MAX_SHARD_RETRIES = 3
@@ -261,7 +261,7 @@ def committed_shards(store: ShardStore, cache: _MarkerCache) -> list[ShardRef]:
         del cache.markers[gone]  # a window removed on adoption: forget it
     new = [path for name, path in names.items() if name not in cache.markers]
     if new:
-        for path, raw in store.fs.cat(new, on_error="omit").items():
+        for path, raw in read_present(store.fs, new).items():
             cache.markers[os.path.basename(str(path))] = ShardMarker.decode(raw)
     # the windows that count and the rows replaced by a later answer (sinks/resolve.py)
     resolution = resolve(cache.markers.values())

@@ -183,10 +183,7 @@ class ShardStore:
             paths = sorted(self.fs.glob(f"{self.layout.committed_dir}/{pattern}"))
         except FileNotFoundError:
             return []
-        if not paths:
-            return []
-        contents = self.fs.cat(paths)
-        return [ShardMarker.decode(contents[p]) for p in paths]
+        return [ShardMarker.decode(raw) for _, raw in sorted(read_present(self.fs, paths).items())]
 
     def committed(self, offsets: dict[int, int] | None = None) -> Resolution:
         """What the version holds now: the windows that count and each prompt's latest outcome;
@@ -254,14 +251,25 @@ class ShardStore:
         manifest's rows when there is one, else the committed shards' as resolved now."""
         sealed = self.sealed()
         if sealed is not None:
-            parts = [(f"{self.layout.base}/{e.path}", e.exclude) for e in sealed.shards]
-        else:
-            resolution = self.committed()
-            parts = [
-                (self.shard_path(m), resolution.exclude.get(m.key, []))
-                for m in resolution.windows
-                if m.rows > 0
-            ]
+            return self._read_parts(
+                [(f"{self.layout.base}/{e.path}", e.exclude) for e in sealed.shards]
+            )
+        for _ in range(_RELIST_ATTEMPTS - 1):
+            try:
+                return self._read_parts(self._committed_parts())
+            except FileNotFoundError:
+                continue  # a window removed by a new owner's adoption since we listed: list again
+        return self._read_parts(self._committed_parts())
+
+    def _committed_parts(self) -> list[tuple[str, list[int]]]:
+        resolution = self.committed()
+        return [
+            (self.shard_path(m), resolution.exclude.get(m.key, []))
+            for m in resolution.windows
+            if m.rows > 0
+        ]
+
+    def _read_parts(self, parts: list[tuple[str, list[int]]]) -> pa.Table:
         tables = []
         for path, excluded in parts:
             with self.fs.open(path, "rb") as handle:
@@ -277,6 +285,27 @@ class ShardStore:
         if not self.fs.exists(self.layout.manifest):
             return None
         return dict(orjson.loads(self.fs.cat_file(self.layout.manifest)))
+
+
+# a live view read while workers adopt partitions can find a listed window removed
+_RELIST_ATTEMPTS = 5
+
+
+def read_present(fs: fsspec.AbstractFileSystem, paths: list[str]) -> dict[str, bytes]:
+    """The contents of those of `paths` that still exist (path → bytes). A new owner removes
+    the uncommitted windows of a partition it adopts, so a file listed a moment ago may be
+    gone; any other error is raised."""
+    if not paths:
+        return {}
+    found = fs.cat(paths, on_error="return")
+    contents: dict[str, bytes] = {}
+    for path, value in found.items():
+        if isinstance(value, FileNotFoundError):
+            continue
+        if isinstance(value, BaseException):
+            raise value
+        contents[path] = value
+    return contents
 
 
 def _protocols(fs: fsspec.AbstractFileSystem) -> Iterable[str]:

@@ -73,9 +73,8 @@ def run_workers(args: argparse.Namespace, replay: ReplaySettings) -> int:
     check(store.manifest(), settings)  # refuse before starting anything
     workdir = Path(replay.workdir or Path("runs") / time.strftime("replay-%Y%m%d-%H%M%S"))
     path = write_settings(workdir.resolve(), "replay", tokenize=settings, observe=observe)
-    stack = LocalStack(workdir.resolve())
     argv = ["--log-level", args.log_level, "replay", "--settings", str(path)]
-    try:
+    with LocalStack(workdir.resolve()) as stack:  # stops what it started, also on Ctrl-C
         workers = [stack.start_worker(f"replay-{i}", argv) for i in range(replay.workers)]
         print(
             f"draftgen replay: {replay.workers} workers on {settings.dataset}; logs in "
@@ -86,5 +85,3 @@ def run_workers(args: argparse.Namespace, replay: ReplaySettings) -> int:
             time.sleep(1.0)  # supervising children: nothing to await but their exit
         failed = next(worker for worker in workers if not worker.alive())
         raise CliError(f"worker {failed.name} exited; see {failed.log_path}")
-    finally:
-        stack.stop_all()

@@ -134,8 +134,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
     load_tokenizer(tokenizer)  # refuse to start on a bad tokenizer directory, before any service
     specs = source_specs(args.sources)
     storage = StorageSettings(out=out)
-    stack = LocalStack(workdir)
-    try:
+    with LocalStack(workdir) as stack:  # stops what it started, also on Ctrl-C
         bootstrap = getattr(args, "bootstrap", None) or stack.start_kafka()
         servers = settings.server_urls or [
             stack.start_emulator(
@@ -193,8 +192,6 @@ def run_pipeline(args: argparse.Namespace) -> int:
             )
         except RunFailed as err:
             raise CliError(str(err)) from None
-    finally:
-        stack.stop_all()
     print_summary(result, store.url, workdir)
     return 0
 

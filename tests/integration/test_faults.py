@@ -89,9 +89,9 @@ def write_rows(path: Path, rows: list[dict[str, Any]]) -> Path:
 
 
 def adopted_partitions(tokenize: ManagedProcess) -> set[int]:
-    """Partitions whose first record the tokenize worker has taken into a window (the shard
-    sink logs `partition N: ... resuming at offset M` as it adopts one)."""
-    pattern = r"partition (\d+): .*resuming at offset"
+    """Partitions the tokenize worker has adopted: their markers read, their records taken into
+    windows (the shard sink logs `partition N: adopted at offset M ...` for each)."""
+    pattern = r"partition (\d+): adopted at offset"
     found = (re.search(pattern, line) for line in log_lines(tokenize, pattern))
     return {int(match[1]) for match in found if match}
 
@@ -157,11 +157,14 @@ def test_kill_tokenize_worker_between_marker_and_commit_and_mid_shard(
     assert len(pipeline.store().markers()) >= 3
 
     # 2. killed while shards are open (records buffered, nothing flushed for a while)
-    open_windows = pipeline.tokenize("--shard-records", "1000", "--idle-flush", "60")
+    open_windows = pipeline.tokenize(
+        "--shard-records", "1000", "--idle-flush", "60", "--metrics-port", "0"
+    )
+    metrics = wait_for(lambda: metrics_url(open_windows), 60, "the tokenize worker's metrics URL")
     wait_for(
-        lambda: adopted_partitions(open_windows) == {0, 1},
+        lambda: metric_sum(scrape(metrics), "draftgen_tokenize_open_bytes") > 0,
         60,
-        "both partitions' first records taken into open windows",
+        "records held in open windows",
     )
     open_windows.kill()
 
@@ -172,8 +175,10 @@ def test_kill_tokenize_worker_between_marker_and_commit_and_mid_shard(
 
 def test_kafka_broker_outage(pipeline, infra, write_prompts) -> None:
     url, _ = pipeline.emulator("--tokens-per-s", "100")
-    generate = pipeline.generate(url, "--concurrency", "8", "--metrics-port", "0")
-    workers = [generate, pipeline.tokenize()]
+    # a heartbeat a second: the workers notice the broker gone within seconds
+    observe = ("--metrics-port", "0", "--heartbeat-interval", "1")
+    generate = pipeline.generate(url, "--concurrency", "8", *observe)
+    workers = [generate, pipeline.tokenize(*observe)]
     summary = pipeline.publish(write_prompts(80))
     expected = set(summary.prompt_ids)
     wait_for(lambda: topic_size(pipeline.kafka) >= 10, 120, "some completions")
@@ -189,9 +194,9 @@ def test_kafka_broker_outage(pipeline, infra, write_prompts) -> None:
     try:
         for worker, since in zip(workers, logs, strict=True):
             wait_for(
-                lambda: log_lines(worker, "Connect call failed|KafkaConnectionError", since),  # noqa: B023
+                lambda: log_lines(worker, "broker unreachable since", since),  # noqa: B023
                 60,
-                f"{worker.name} to find the broker gone",
+                f"{worker.name} to report the broker unreachable",
             )
         wait_for(holding_undelivered, 60, "the generate worker holding completions unsent")
     finally:
@@ -200,6 +205,8 @@ def test_kafka_broker_outage(pipeline, infra, write_prompts) -> None:
     pipeline.wait(expected, workers, timeout=300)
     pipeline.assert_exactly_once(expected)
     assert all(worker.alive() for worker in workers), "stages wait out an outage, not exit"
+    for worker, since in zip(workers, logs, strict=True):
+        assert log_lines(worker, "broker reconnected after", since), worker.name
 
 
 def test_s3_outage(pipeline, s3, write_prompts) -> None:
@@ -221,9 +228,9 @@ def test_s3_outage(pipeline, s3, write_prompts) -> None:
         # published during the outage: shards that can only be written once S3 is back
         more = pipeline.publish(write_prompts(40, name="more.jsonl", start=40))
         wait_for(
-            lambda: len(log_lines(tokenize, "writing a shard failed", since)) >= 2,
+            lambda: log_lines(tokenize, "writing a shard fail", since),
             120,
-            "the tokenize worker to fail a shard write, and fail again when it retries",
+            "the tokenize worker to fail a shard write",
         )
     finally:
         s3.restart()
@@ -232,6 +239,8 @@ def test_s3_outage(pipeline, s3, write_prompts) -> None:
     pipeline.wait(expected, workers, timeout=300)
     pipeline.assert_exactly_once(expected)
     assert all(worker.alive() for worker in workers)
+    # the window was held and its write retried until S3 was back (`until_done`'s report)
+    assert log_lines(tokenize, "writing a shard succeeded after", since)
 
 
 def test_server_down_pauses_its_worker_without_dead_letters(pipeline, write_prompts) -> None:

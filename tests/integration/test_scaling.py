@@ -4,10 +4,14 @@ ends exactly once either way."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from compose.process import ManagedProcess
 from tests.integration.probes import (
     key_counts,
+    log_lines,
     requests_served,
     topic_size,
 )
@@ -37,8 +41,19 @@ def test_a_worker_added_mid_run_takes_partitions_and_raises_throughput(
     # The throughput it adds is measured in tests/benchmarks/bench_scaling.py, not timed here:
     # on a loaded 2-core machine a rate over seconds is noise. What must hold is the takeover.
     assert requests_served(second_url) >= 30, "the new worker took over partitions"
-    # nothing was generated twice: the ledger / the offsets held across the rebalance
-    assert requests_served(first_url) + requests_served(second_url) <= PROMPTS + 16
+    # Nothing was generated twice but the prompts in flight when a rebalance took their
+    # partition (each worker logs how many; the new owner redoes them): the ledger and the
+    # offsets held across the rebalance. Under load Faust may rebalance more than once.
+    redone = sum(revoked_in_flight(worker) for worker in workers)
+    served = requests_served(first_url) + requests_served(second_url)
+    assert served <= PROMPTS + redone, (served, redone)
+
+
+def revoked_in_flight(worker: ManagedProcess) -> int:
+    """Prompts the worker had in flight when a rebalance revoked their partitions."""
+    pattern = r"partitions revoked with (\d+) prompts in flight"
+    found = (re.search(pattern, line) for line in log_lines(worker, pattern))
+    return sum(int(match[1]) for match in found if match)
 
 
 def test_a_worker_stopped_mid_run_hands_its_partitions_back(pipeline, write_prompts) -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
 
 from sinks.layout import DatasetLayout, parse_shard_name, shard_stem
-from sinks.shards import SampleRow, ShardMarker, ShardStore
+from sinks.shards import SampleRow, ShardMarker, ShardStore, read_present
 
 
 def test_shard_names_hold_partition_start_offset_and_generation() -> None:
@@ -140,3 +141,57 @@ def test_markers_from_before_the_drift_report_still_decode() -> None:
     assert (marker.generation, marker.drops, marker.row_tokens) == (0, {}, [])
     newer = old[:-1] + b',"some_future_field":7}'
     assert ShardMarker.decode(newer) == marker
+
+
+def test_readers_skip_a_window_removed_between_listing_and_reading(tmp_path: Path) -> None:
+    """A new owner removes the uncommitted windows of a partition it adopts: a reader that
+    listed them a moment before reads what is still there instead of failing."""
+    store = ShardStore(str(tmp_path), "v1")
+    store.write_shard(0, 0, 1, rows("a", "b"), generation=1)
+    store.write_shard(0, 2, 2, rows("c"), generation=1)
+    store.write_shard(1, 0, 0, rows("d"), generation=1)
+    listing = store.fs.glob(f"{store.layout.committed_dir}/part-*.json")
+    assert len(listing) == 3
+    removed = {"once": False}
+    glob = store.fs.glob
+
+    def listed_before_the_removal(pattern: str) -> list[str]:
+        if not removed["once"]:
+            removed["once"] = True
+            found = glob(pattern)
+            store.delete_window(0, 2, 1)  # the adoption's cleanup, right after our listing
+            return found
+        return glob(pattern)
+
+    store.fs.glob = listed_before_the_removal  # type: ignore[method-assign]
+    assert sorted(m.prompt_ids[0] for m in store.markers()) == ["a", "d"]
+    assert removed["once"]
+    store.fs.glob = glob  # type: ignore[method-assign]
+
+
+def test_read_table_lists_again_when_a_listed_shard_is_gone(tmp_path: Path) -> None:
+    store = ShardStore(str(tmp_path), "v1")
+    store.write_shard(0, 0, 1, rows("a", "b"), generation=1)
+    store.write_shard(0, 2, 2, rows("c"), generation=1)
+    committed = store.committed
+    calls = {"n": 0}
+
+    def resolved_then_removed(offsets: dict[int, int] | None = None) -> Any:
+        calls["n"] += 1
+        resolution = committed(offsets)
+        if calls["n"] == 1:
+            store.delete_window(0, 2, 1)  # removed after we resolved, before we read it
+        return resolution
+
+    store.committed = resolved_then_removed  # type: ignore[method-assign]
+    assert store.read_table().column("prompt_id").to_pylist() == ["a", "b"]
+    assert calls["n"] == 2
+
+
+def test_read_present_raises_errors_other_than_a_missing_file(tmp_path: Path) -> None:
+    store = ShardStore(str(tmp_path), "v1")
+    store.write_shard(0, 0, 0, rows("a"), generation=1)
+    (marker,) = store.fs.glob(f"{store.layout.committed_dir}/part-*.json")
+    assert set(read_present(store.fs, [marker, f"{marker}.gone"])) == {marker}
+    with pytest.raises(IsADirectoryError):
+        read_present(store.fs, [marker, store.layout.committed_dir])
