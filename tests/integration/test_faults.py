@@ -244,15 +244,16 @@ def test_s3_outage(pipeline, s3, write_prompts) -> None:
 
 
 def test_server_down_pauses_its_worker_without_dead_letters(pipeline, write_prompts) -> None:
-    url, server = pipeline.emulator("--tokens-per-s", "300")
+    # ~1.4 s a request, 8 in flight: 60 prompts take ~10 s, so the kill lands mid-run
+    url, server = pipeline.emulator("--tokens-per-s", "100")
     worker = pipeline.generate(
         url, "--concurrency", "8", "--max-attempts", "2", "--metrics-port", "0"
     )
     workers: list[ManagedProcess] = [worker, pipeline.tokenize()]
+    metrics = wait_for(lambda: metrics_url(worker), 60, "the worker's metrics URL")
     summary = pipeline.publish(write_prompts(60))
     expected = set(summary.prompt_ids)
     wait_for(lambda: topic_size(pipeline.kafka) >= 5, 120, "some completions")
-    metrics = wait_for(lambda: metrics_url(worker), 60, "the worker's metrics URL")
 
     server.kill()
 

@@ -40,7 +40,8 @@ def test_a_worker_added_mid_run_takes_partitions_and_raises_throughput(
     pipeline.assert_exactly_once(expected)
     # The throughput it adds is measured in tests/benchmarks/bench_scaling.py, not timed here:
     # on a loaded 2-core machine a rate over seconds is noise. What must hold is the takeover.
-    assert requests_served(second_url) >= 30, "the new worker took over partitions"
+    # more than one in-flight window (16): it kept taking prompts of its own partitions
+    assert requests_served(second_url) > 16, "the new worker took over partitions"
     # Nothing was generated twice but the prompts in flight when a rebalance took their
     # partition (each worker logs how many; the new owner redoes them): the ledger and the
     # offsets held across the rebalance. Under load Faust may rebalance more than once.
