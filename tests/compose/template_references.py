@@ -155,6 +155,12 @@ AGENT = [
     },
     {"role": "tool", "tool_call_id": "functions.get_weather:2", "content": "rain"},
 ]
+MEDIA = [
+    {"type": "text", "text": "Look: "},
+    {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
+    {"type": "video", "video": "v.mp4"},
+    {"type": "text", "text": " ok?"},
+]
 CHAT = [
     {"role": "user", "content": "Hi"},
     {"role": "assistant", "content": "Hello!", "reasoning_content": "Greeting."},
@@ -193,6 +199,8 @@ def qwen_cases() -> list[dict[str, Any]]:
             ],
             "kwargs": {},
         },
+        {"messages": [{"role": "user", "content": MEDIA}], "kwargs": {}},
+        {"messages": [{"role": "user", "content": MEDIA}], "kwargs": {"add_vision_id": True}},
         {"messages": [{"role": "system", "content": "only"}], "kwargs": {}},
         {"messages": [CHAT[0], {"role": "system", "content": "late"}], "kwargs": {}},
         {"messages": [{"role": "robot", "content": "beep"}, CHAT[0]], "kwargs": {}},
@@ -214,6 +222,7 @@ def kimi_cases() -> list[dict[str, Any]]:
         {"messages": CHAT, "kwargs": {}},
         {"messages": CHAT, "kwargs": {"preserve_thinking": True}},
         {"messages": CHAT, "kwargs": {"thinking": False}},
+        {"messages": [{"role": "user", "content": MEDIA}], "kwargs": {}},
         {
             "messages": [
                 CHAT[0],
