@@ -236,6 +236,12 @@ def test_qwen_empty_reasoning_is_the_prompt_then_the_turn(
     assert prompt_ids == encode(qwen, prompt) and qwen.text(turn_ids) == turn
     think_close = qwen.tokenizer.convert_tokens_to_ids("</think>")
     assert think_close in turn_ids
+    # the server's ids for it (the prompt encoded alone, then the model's tokens) show no drift
+    served = replace(
+        completion, prompt_token_ids=encode(qwen, prompt), output_token_ids=encode(qwen, turn)
+    )
+    checked = qwen.builder().build(served)
+    assert (checked.token_source, checked.drift) == ("server", False)
     kimi = families["kimi_k26"]  # Kimi keeps the reasoning as written
     kimi_turn = kimi.text(split(kimi.builder().build(completion))[1])
     assert kimi_turn == f"{reasoning or ''}</think>Hello!<|im_end|>"
