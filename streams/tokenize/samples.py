@@ -10,13 +10,15 @@ Two token sources (see DESIGN.md, "Tokens and loss masks"):
   history reasoning; appending keeps the final reasoning exactly. The mask is 1 exactly over
   the turn, end-of-turn token included.
 
-The rendered sample is the encoding of ``prompt + turn``; the prompt's own encoding must be
-its prefix (else ``prefix_mismatch``), so the mask boundary never cuts a token. Qwen with an
-empty reasoning is such a case: the prefilled ``<think>\n`` and the turn's ``\n</think>``
-encode as one ``\n\n`` token.
+The rendered sample is ``ids(prompt) + ids(turn)``, each encoded on its own, as at inference:
+the server encodes the prompt alone and the model then samples the turn's tokens. Encoding
+``prompt + turn`` as one text would merge tokens across the boundary (Qwen: the prefilled
+``<think>\n`` and a turn starting ``\n</think>`` become one ``\n\n`` token), a sequence
+the model never sees.
 
 When a completion has the server's ids, the rendered ids are also computed (if
-``measure_drift``) and compared, so that template or tokenizer drift is visible. Error kinds:
+``measure_drift``) and compared with ``prompt_token_ids + output_token_ids``, so that
+template or tokenizer drift is visible. Error kinds:
 template_error, prefix_mismatch, bad_tool_arguments, bad_tool_call, bad_message,
 bad_token_ids, token_out_of_range, too_few_loss_tokens, encode_error.
 """
@@ -24,7 +26,6 @@ bad_token_ids, token_out_of_range, too_few_loss_tokens, encode_error.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
@@ -37,9 +38,6 @@ from streams.core.records import CompletionRecord, Message
 
 TokenSource = Literal["server", "rendered"]
 TOKEN_SOURCES: tuple[TokenSource, ...] = ("server", "rendered")
-# The split point is searched for in the prompt's last characters only (generation prompts
-# are short); a prompt without an added token there is encoded whole.
-_TAIL_WINDOW = 512
 
 
 @dataclass
@@ -79,11 +77,6 @@ class RenderedText:
 
     prompt: str
     turn: str
-    # Where the prompt can be cut: just after its last added token. Tokenizers split the text
-    # at added tokens before anything else, so the ids of `prompt + turn` are the ids of
-    # `prompt[:split]` followed by those of `prompt[split:] + turn`: the prefix check then
-    # needs only the (short) tail, and nothing is encoded twice.
-    split: int
 
 
 class SampleBuilder:
@@ -112,7 +105,6 @@ class SampleBuilder:
             **(template_kwargs or {}),
         }
         self._vocab_size = len(tokenizer)
-        self._boundary = _boundary_pattern(tokenizer)
 
     # -- public ---------------------------------------------------------------------------
 
@@ -155,7 +147,7 @@ class SampleBuilder:
             turn = _qwen_turn(generated, self.profile, completion)
         else:
             turn = self._template_turn(messages, generated, tools, prompt)
-        return RenderedText(prompt, turn, self._split_point(prompt))
+        return RenderedText(prompt, turn)
 
     # -- rendering ------------------------------------------------------------------------
 
@@ -206,30 +198,16 @@ class SampleBuilder:
 
     # -- tokens ---------------------------------------------------------------------------
 
-    def _split_point(self, prompt: str) -> int:
-        """End of the last added token in the prompt's tail (0: none, encode it all)."""
-        if self._boundary is None:
-            return 0
-        offset = max(0, len(prompt) - _TAIL_WINDOW)
-        end = 0
-        for match in self._boundary.finditer(prompt, offset):
-            end = match.end()
-        return end
-
     def _encode(
         self, rendered: dict[int, RenderedText | SampleError]
     ) -> dict[int, tuple[list[int], int] | SampleError]:
-        """(ids, prompt length) per rendered completion, from one batch encode.
-
-        The sample is the encoding of `prompt + turn`, and the prompt's own encoding must be
-        its prefix, or the mask boundary would cut a token: `prefix_mismatch`."""
+        """(ids, prompt length) per rendered completion, from one batch encode: the prompt and
+        the turn encoded separately, as the server encodes the prompt and the model samples."""
         pieces = {
-            i: [item.prompt[: item.split], item.prompt[item.split :], item.prompt[item.split :]]
+            i: [item.prompt, item.turn]
             for i, item in rendered.items()
             if isinstance(item, RenderedText)
         }
-        for i, texts in pieces.items():
-            texts[2] += cast(RenderedText, rendered[i]).turn
         try:
             batch: list[list[int]] | None = self._encode_texts(
                 [text for texts in pieces.values() for text in texts]
@@ -245,24 +223,17 @@ class SampleBuilder:
                 out[i] = item
                 continue
             if batch is not None:
-                head_ids, tail_ids, rest_ids = batch[position : position + 3]
-                position += 3
+                prompt_ids, turn_ids = batch[position : position + 2]
+                position += 2
             else:
                 try:
-                    head_ids, tail_ids, rest_ids = self._encode_texts(pieces[i])
+                    prompt_ids, turn_ids = self._encode_texts(pieces[i])
                 except (KeyboardInterrupt, SystemExit):
                     raise
                 except BaseException as err:
                     out[i] = SampleError("encode_error", f"{type(err).__name__}: {err}")
                     continue
-            if rest_ids[: len(tail_ids)] != tail_ids:
-                at = len(head_ids) + _first_difference(tail_ids, rest_ids)
-                out[i] = SampleError(
-                    "prefix_mismatch",
-                    f"the prompt's tokens are not a prefix of the sample's (position {at})",
-                )
-                continue
-            out[i] = (head_ids + rest_ids, len(head_ids) + len(tail_ids))
+            out[i] = (prompt_ids + turn_ids, len(prompt_ids))
         return out
 
     def _encode_texts(self, texts: list[str]) -> list[list[int]]:
@@ -363,9 +334,10 @@ def _kimi_turn(
 
 
 def _kimi_call_id(call: Mapping[str, Any], function: Mapping[str, Any], index: int) -> str:
-    """Kimi's ids are `functions.{name}:{index}`, index counted over the conversation."""
+    """The id as given, as the K2.5/K2.6 template prints it (SGLang's parser gives every call
+    one); a call without an id gets `functions.{name}:{index}`, as normalization gives them."""
     given = call.get("id")
-    if isinstance(given, str) and given.startswith("functions."):
+    if isinstance(given, str) and given:
         return given
     return f"functions.{function.get('name', '')}:{index}"
 
@@ -392,14 +364,19 @@ def _qwen_turn(generated: Message, profile: FamilyProfile, completion: Completio
         text += f"\n<function={function.get('name', '')}>\n"
         arguments = function.get("arguments") or {}
         for name, value in arguments.items():
-            text += f"<parameter={name}>\n{_qwen_value(value)}\n</parameter>\n"
+            value_text = _qwen_value(value, profile.tool_args_json)
+            text += f"<parameter={name}>\n{value_text}\n</parameter>\n"
         text += "</function>\n</tool_call>"
     return text + (profile.end_of_turn if finished else "")
 
 
-def _qwen_value(value: Any) -> str:
-    """As the template prints it: JSON for objects and arrays, Python's str() otherwise."""
-    if isinstance(value, Mapping | list | tuple):
+def _qwen_value(value: Any, as_json: bool) -> str:
+    """As the template prints an argument: a string as is; anything else as JSON (Qwen3.6's
+    `tojson`: `true`, `null`, `3`), or with Qwen3.5's `| string` (Python's str(): `True`,
+    `None`) unless it is a mapping or a list."""
+    if isinstance(value, str):
+        return value
+    if as_json or isinstance(value, Mapping | list | tuple):
         return json.dumps(value, ensure_ascii=False)
     return str(value)
 
@@ -495,18 +472,3 @@ def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
         if x != y:
             return index
     return min(len(a), len(b))
-
-
-def _boundary_pattern(tokenizer: Any) -> re.Pattern[str] | None:
-    """Added tokens after which the tokenizer always splits: not stripping the text that
-    follows, and not the start of a longer added token."""
-    decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-    tokens = {
-        str(getattr(token, "content", token))
-        for token in decoder.values()
-        if not getattr(token, "rstrip", False) and not getattr(token, "single_word", False)
-    }
-    safe = [t for t in tokens if t and not any(o != t and o.startswith(t) for o in tokens)]
-    if not safe:
-        return None
-    return re.compile("|".join(re.escape(t) for t in sorted(safe, key=len, reverse=True)))

@@ -115,6 +115,8 @@ def test_qwen_template_tools_calls_results_and_history_thinking(qwen: Any) -> No
     )
     assert text.startswith("<|im_start|>system\n# Tools\n\nYou have access")
     assert json.dumps(TOOLS[0]) in text
+    # the whole tools prompt, worked example with a multi-line parameter included
+    assert "<parameter=example_parameter_2>\nThis is the value for the second parameter\n" in text
     # history turns before the last user query lose their think blocks
     assert (
         "<|im_start|>assistant\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
@@ -194,24 +196,24 @@ def test_kimi_round_trips_and_slow_path_matches_tiktoken(kimi: Any, text: str) -
 def test_kimi_chat_template_defaults_and_format(kimi: Any) -> None:
     text = kimi.apply_chat_template(CONVERSATION, tools=TOOLS)  # defaults: text + gen prompt
     assert isinstance(text, str)
-    tools_json = json.dumps(TOOLS, separators=(",", ":"), sort_keys=True)
-    assert text.startswith(f"<|im_system|>tool_declare<|im_middle|>{tools_json}<|im_end|>")
-    assert (
-        "<|im_end|><|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by "
-        "Moonshot AI.<|im_end|><|im_user|>user<|im_middle|>Weather in Paris?<|im_end|>"
-    ) in text
-    # history up to the last plain assistant answer: empty think blocks
+    # OpenAI-style tools are declared TypeScript-style, as K2.5/K2.6's remote code does
+    assert text.startswith(
+        "<|im_system|>tool_declare<|im_middle|># Tools\n\n## functions\nnamespace functions {\n"
+        "// Get the weather\ntype get_weather = (_: {\n  city?: string\n}) => any;\n}\n"
+        "<|im_end|><|im_user|>user<|im_middle|>Weather in Paris?<|im_end|>"
+    )
+    # no default system prompt (K2-Thinking had one, K2.5/K2.6 do not)
+    assert "You are Kimi" not in text
+    # history up to the last plain assistant answer: empty think blocks; ids as given
     assert (
         "<|im_assistant|>assistant<|im_middle|><think></think><|tool_calls_section_begin|>"
-        '<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}'
+        '<|tool_call_begin|>call_7<|tool_call_argument_begin|>{"city": "Paris"}'
         "<|tool_call_end|><|tool_calls_section_end|><|im_end|>"
     ) in text
-    assert (
-        "<|im_system|>tool<|im_middle|>## Return of functions.get_weather:0\nsunny<|im_end|>"
-        in text
-    )
+    assert "<|im_system|>tool<|im_middle|>## Return of call_7\nsunny<|im_end|>" in text
     assert "<think></think>It is sunny.<|im_end|>" in text
-    assert "\n<|im_" not in text and "Easy." not in text
+    # no newlines between turns (the TypeScript declaration itself ends with one)
+    assert "\n<|im_" not in text.split("<|im_end|>", 1)[1] and "Easy." not in text
     assert text.endswith(
         "<|im_user|>user<|im_middle|>Thanks!<|im_end|><|im_assistant|>assistant<|im_middle|><think>"
     )
@@ -222,14 +224,22 @@ def test_kimi_chat_template_defaults_and_format(kimi: Any) -> None:
     )
     assert "<think>Easy.</think>It is sunny." in kept and "<think>Use the tool.</think>" in kept
     assert not kept.endswith("<think>")
+    # tools as SGLang's function dumps: the TypeScript encoder skips them, JSON is declared
+    dumped = kimi.apply_chat_template(CONVERSATION[:1], tools=[TOOLS[0]["function"]])
+    assert dumped.startswith(
+        '<|im_system|>tool_declare<|im_middle|>[{"description":"Get the weather",'
+        '"name":"get_weather","parameters":{"properties":{"city":{"type":"string"}},'
+        '"type":"object"}}]<|im_end|>'
+    )
 
 
-def test_kimi_system_message_replaces_the_default(kimi: Any) -> None:
+def test_kimi_system_message_is_printed_as_given(kimi: Any) -> None:
     text = kimi.apply_chat_template(
         [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "hi"}]
     )
     assert text.startswith("<|im_system|>system<|im_middle|>Be terse.<|im_end|><|im_user|>")
-    assert "You are Kimi" not in text
+    bare = kimi.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert bare.startswith("<|im_user|>user<|im_middle|>hi<|im_end|>")
 
 
 # --- both ------------------------------------------------------------------------------------

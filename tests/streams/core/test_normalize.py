@@ -191,6 +191,32 @@ def test_missing_ids_are_synthesized_and_matched_in_order() -> None:
     assert [m["tool_call_id"] for m in messages[2:]] == ids
 
 
+def test_given_ids_are_kept_as_given_and_only_absent_ones_synthesized() -> None:
+    """Kimi's K2.5/K2.6 template prints tool-call ids as given: whatever their shape, they are
+    never rewritten; a call without one gets `functions.{name}:{index}`."""
+    raw = {
+        "messages": [
+            {"role": "user", "content": "go"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"id": "call_abc", "function": {"name": "f", "arguments": "{}"}},
+                    {"id": "functionsexec5", "function": {"name": "g", "arguments": "{}"}},
+                    {"function": {"name": "h", "arguments": "{}"}},
+                ],
+            },
+            {"role": "tool", "tool_call_id": "functionsexec5", "content": "g says"},
+            {"role": "tool", "content": "f says"},
+            {"role": "tool", "content": "h says"},
+        ]
+    }
+    messages, _ = normalize_conversation(raw)
+    ids = [call["id"] for call in messages[1]["tool_calls"]]
+    assert ids == ["call_abc", "functionsexec5", "functions.h:2"]
+    assert [m["tool_call_id"] for m in messages[2:]] == ["functionsexec5", "call_abc", ids[2]]
+
+
 def test_tools_as_json_string_and_bare_schemas() -> None:
     bare = WEATHER_TOOL["function"]
     assert normalize_tools(json.dumps([bare])) == [WEATHER_TOOL]
