@@ -17,6 +17,7 @@ from compose.emulator.engine import ENGINE_KEY, ConnectionGone, Engine
 from compose.emulator.generation import Generation, GenerationRequest, ThinkMode
 from compose.emulator.model import EmulatedModel, TemplateError
 from compose.emulator.reasoning import split_reasoning
+from compose.emulator.token_ids import IDS_REQUEST_FIELDS, attach_token_ids
 from compose.emulator.transport import send_truncated
 
 
@@ -31,7 +32,8 @@ class ChatRequest:
     skip_special_tokens: bool
     separate_reasoning: bool
     no_stop_trim: bool
-    return_token_ids: bool
+    # the request fields that ask for token ids (compose/emulator/token_ids.py)
+    ids_asked: dict[str, Any]
     continue_final_message: bool
     input_ids: list[int] | None
 
@@ -76,7 +78,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         skip_special_tokens=bool(body.get("skip_special_tokens", True)) and not tools,
         separate_reasoning=bool(body.get("separate_reasoning", True)),
         no_stop_trim=bool(body.get("no_stop_trim", False)),
-        return_token_ids=bool(body.get("return_token_ids", False)),
+        ids_asked={k: body[k] for k in IDS_REQUEST_FIELDS if k in body},
         continue_final_message=bool(body.get("continue_final_message", False)),
         input_ids=input_ids,
     )
@@ -189,8 +191,6 @@ def build_response(
         "finish_reason": finish_reason,
         "matched_stop": generation.matched_stop,
     }
-    if chat.return_token_ids:
-        choice["token_ids"] = ids
     response: dict[str, Any] = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
@@ -206,8 +206,7 @@ def build_response(
         },
         "metadata": {"weight_version": "default"},
     }
-    if chat.return_token_ids:
-        response["prompt_token_ids"] = prompt_ids
+    attach_token_ids(engine.settings.ids_style, chat.ids_asked, response, prompt_ids, ids)
     return response
 
 

@@ -17,6 +17,7 @@ import openai
 from streams.core.families import FAMILIES, GENERIC, FamilyProfile
 from streams.core.records import CompletionRecord, PromptRecord
 from streams.core.settings import GenerateSettings
+from streams.generate.exact_ids import NO_IDS, PROBE_REQUEST, IdsWay, find_ids, way_of
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,8 @@ class SGLangClient:
         )
         self.model = settings.model or ""
         self.family = GENERIC
+        # how this server returns exact ids (probe_ids); until probed, ask every way
+        self.ids_way: IdsWay | None = None
 
     async def close(self) -> None:
         await self._openai.close()
@@ -123,6 +126,35 @@ class SGLangClient:
                 self.model,
             )
 
+    async def probe_ids(self) -> IdsWay | None:
+        """One tiny request asking for ids every way: the answer shows which way the server
+        has. Transient failures raise (the caller retries); if the server refuses the probe,
+        None: each request then asks every way, and the ids are read wherever they come."""
+        if not self.settings.return_token_ids:
+            self.ids_way = NO_IDS
+            return NO_IDS
+        request: dict[str, Any] = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 1,
+            "extra_body": {"chat_template_kwargs": self._template_kwargs(), **PROBE_REQUEST},
+        }
+        try:
+            response = await self._openai.chat.completions.create(**request)
+        except Exception as err:
+            failure = classify(err)
+            if failure.transient:
+                raise failure from None
+            log.warning(
+                "could not ask %s how it returns token ids (%s); asking every way each time",
+                self.base_url,
+                failure,
+            )
+            self.ids_way = None
+            return None
+        self.ids_way = way_of(response.model_dump())
+        return self.ids_way
+
     def _template_kwargs(self) -> dict[str, Any]:
         if self.family.thinking_kwarg:
             return {self.family.thinking_kwarg: self.settings.thinking}
@@ -135,7 +167,7 @@ class SGLangClient:
             "separate_reasoning": True,
         }
         if self.settings.return_token_ids:
-            extra_body["return_token_ids"] = True
+            extra_body.update(PROBE_REQUEST if self.ids_way is None else self.ids_way.asked)
         request: dict[str, Any] = {
             "model": self.model,
             "messages": prompt.messages,
@@ -162,6 +194,9 @@ class SGLangClient:
         reasoning = message.get("reasoning_content")
         if reasoning is None:
             reasoning = message.get("reasoning")
+        ids = find_ids(body)
+        # a pair or nothing: the tokenize stage renders a sample without its output's ids
+        exact = ids.prompt is not None and ids.output is not None
         return CompletionRecord.from_prompt(
             prompt,
             reasoning_content=reasoning,
@@ -169,8 +204,8 @@ class SGLangClient:
             tool_calls=message.get("tool_calls") or None,
             finish_reason=choice.get("finish_reason"),
             usage=body.get("usage") or {},
-            prompt_token_ids=body.get("prompt_token_ids") or choice.get("prompt_token_ids"),
-            output_token_ids=choice.get("token_ids"),
+            prompt_token_ids=ids.prompt if exact else None,
+            output_token_ids=ids.output if exact else None,
             model=self.model,
             server=self.base_url,
             sampling={**sampling.as_dict(), "chat_template_kwargs": self._template_kwargs()},
