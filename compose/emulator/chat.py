@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import time
 import uuid
 from dataclasses import dataclass
@@ -16,9 +14,10 @@ from compose.emulator import errors, toolcalls
 from compose.emulator.engine import ENGINE_KEY, ConnectionGone, Engine
 from compose.emulator.generation import Generation, GenerationRequest, ThinkMode
 from compose.emulator.model import EmulatedModel, TemplateError
-from compose.emulator.reasoning import split_reasoning
 from compose.emulator.token_ids import IDS_REQUEST_FIELDS, attach_token_ids
 from compose.emulator.transport import send_truncated
+from streams.core.parsers import split_reasoning
+from streams.core.templates import template_message
 
 
 @dataclass(frozen=True)
@@ -112,20 +111,7 @@ def _template_tools(tools: Any, tool_choice: Any) -> list[dict[str, Any]] | None
 def _template_message(message: Any) -> dict[str, Any]:
     if not isinstance(message, dict) or "role" not in message:
         raise errors.bad_request("each message needs a role")
-    out = copy.deepcopy(message)
-    content = out.get("content")
-    if isinstance(content, list):  # text parts only; the emulator has no vision
-        texts = [p.get("text", "") for p in content if isinstance(p, dict)]
-        out["content"] = "\n".join(str(t) for t in texts if t)
-    elif content is None:
-        out["content"] = ""
-    # Templates expect tool-call arguments as objects; the OpenAI API carries JSON text.
-    for call in out.get("tool_calls") or []:
-        function = call.get("function") if isinstance(call, dict) else None
-        if isinstance(function, dict) and isinstance(function.get("arguments"), str):
-            with contextlib.suppress(orjson.JSONDecodeError):  # the template gets the text
-                function["arguments"] = orjson.loads(function["arguments"])
-    return out
+    return template_message(message)  # text parts only: the emulator has no vision
 
 
 def history_tool_calls(messages: list[dict[str, Any]]) -> int:

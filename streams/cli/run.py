@@ -124,7 +124,7 @@ def write_settings(workdir: Path, name: str, **sections: Any) -> Path:
 def run_pipeline(args: argparse.Namespace) -> int:
     from compose.stack import LocalStack
     from producers.publish import publish
-    from streams.tokenize.loading import load_tokenizer
+    from streams.core.tokenizers import load_tokenizer
 
     settings = build(RunSettings, args)
     publishing = build(PublishSettings, args)

@@ -21,8 +21,8 @@ import pytest
 
 from compose.emulator import EmulatorSettings, add_emulator_arguments, settings_from_args
 from compose.emulator.model import EmulatedModel
-from compose.emulator.reasoning import split_reasoning
 from compose.process import free_port
+from streams.core.parsers import split_reasoning
 from tests.polling import wait_for_async
 
 # the fixtures' types (tests/compose/conftest.py: EmulatorHandle and its start_emulator factory)
