@@ -106,7 +106,8 @@ def register(commands: Any) -> None:
     add_flags(parser, RunSettings)
     add_flags(parser, KafkaSettings)
     add_flags(parser, PublishSettings, only=["limit", "regen"])
-    add_flags(parser, GenerateSettings, skip=["server", "kafka", "instance_id"])
+    # `run`'s own --tokenizer serves both stages
+    add_flags(parser, GenerateSettings, skip=["server", "kafka", "instance_id", "tokenizer_dir"])
     add_flags(parser, TokenizeSettings, only=TOKENIZE_FLAGS)
     parser.set_defaults(handler=run_pipeline)
 
@@ -162,7 +163,9 @@ def run_pipeline(args: argparse.Namespace) -> int:
         workers = []
         for index, server in enumerate(servers):
             name = f"generate-{index}"
-            generate = build(GenerateSettings, args, server=server, kafka=kafka)
+            generate = build(
+                GenerateSettings, args, server=server, kafka=kafka, tokenizer_dir=tokenizer
+            )
             path = write_settings(workdir, name, generate=generate, once=OnceSettings())
             workers.append(start(name, "generate", path))
         tokenize = build(

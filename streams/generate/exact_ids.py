@@ -46,6 +46,8 @@ SGLEXT = IdsWay(
 TOKEN_IDS = IdsWay("return_token_ids", {"return_token_ids": True}, True)
 PROMPT_IDS = IdsWay("return_prompt_token_ids", {"return_prompt_token_ids": True}, False)
 NO_IDS = IdsWay("none", {}, False)
+# `--api native`: the worker renders the prompt and posts its ids (streams/generate/native.py)
+NATIVE = IdsWay("native /generate", {}, True, ("input_ids", "output_ids"))
 
 # the probe asks for all of them; the first one the answer shows wins
 PREFERRED = (SGLEXT, TOKEN_IDS, PROMPT_IDS)
