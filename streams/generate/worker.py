@@ -47,6 +47,10 @@ class GenerateStats:
     errors: dict[str, int] = field(default_factory=dict)
 
 
+# what a worker whose server returns no exact ids can do instead
+NATIVE_HINT = "--api native --tokenizer DIR gets exact ids from its /generate"
+
+
 def log_ids_way(server: str, way: IdsWay | None) -> None:
     if way is None:
         return  # the probe was refused: the client said so
@@ -56,15 +60,17 @@ def log_ids_way(server: str, way: IdsWay | None) -> None:
     elif way.fields:
         log.warning(
             "server %s returns only prompt token ids (%s): samples will be rendered, not "
-            "token-exact from the server",
+            "token-exact from the server (%s)",
             server,
             where,
+            NATIVE_HINT,
         )
     else:
         log.warning(
             "server %s returns no token ids: samples will be rendered, not token-exact from "
-            "the server",
+            "the server (%s)",
             server,
+            NATIVE_HINT,
         )
 
 
