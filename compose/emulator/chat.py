@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import time
 import uuid
 from dataclasses import dataclass
@@ -16,8 +14,10 @@ from compose.emulator import errors, toolcalls
 from compose.emulator.engine import ENGINE_KEY, ConnectionGone, Engine
 from compose.emulator.generation import Generation, GenerationRequest, ThinkMode
 from compose.emulator.model import EmulatedModel, TemplateError
-from compose.emulator.reasoning import split_reasoning
+from compose.emulator.token_ids import IDS_REQUEST_FIELDS, attach_token_ids
 from compose.emulator.transport import send_truncated
+from streams.core.parsers import split_reasoning
+from streams.core.templates import template_message
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,8 @@ class ChatRequest:
     skip_special_tokens: bool
     separate_reasoning: bool
     no_stop_trim: bool
-    return_token_ids: bool
+    # the request fields that ask for token ids (compose/emulator/token_ids.py)
+    ids_asked: dict[str, Any]
     continue_final_message: bool
     input_ids: list[int] | None
 
@@ -76,7 +77,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         skip_special_tokens=bool(body.get("skip_special_tokens", True)) and not tools,
         separate_reasoning=bool(body.get("separate_reasoning", True)),
         no_stop_trim=bool(body.get("no_stop_trim", False)),
-        return_token_ids=bool(body.get("return_token_ids", False)),
+        ids_asked={k: body[k] for k in IDS_REQUEST_FIELDS if k in body},
         continue_final_message=bool(body.get("continue_final_message", False)),
         input_ids=input_ids,
     )
@@ -110,20 +111,7 @@ def _template_tools(tools: Any, tool_choice: Any) -> list[dict[str, Any]] | None
 def _template_message(message: Any) -> dict[str, Any]:
     if not isinstance(message, dict) or "role" not in message:
         raise errors.bad_request("each message needs a role")
-    out = copy.deepcopy(message)
-    content = out.get("content")
-    if isinstance(content, list):  # text parts only; the emulator has no vision
-        texts = [p.get("text", "") for p in content if isinstance(p, dict)]
-        out["content"] = "\n".join(str(t) for t in texts if t)
-    elif content is None:
-        out["content"] = ""
-    # Templates expect tool-call arguments as objects; the OpenAI API carries JSON text.
-    for call in out.get("tool_calls") or []:
-        function = call.get("function") if isinstance(call, dict) else None
-        if isinstance(function, dict) and isinstance(function.get("arguments"), str):
-            with contextlib.suppress(orjson.JSONDecodeError):  # the template gets the text
-                function["arguments"] = orjson.loads(function["arguments"])
-    return out
+    return template_message(message)  # text parts only: the emulator has no vision
 
 
 def history_tool_calls(messages: list[dict[str, Any]]) -> int:
@@ -189,8 +177,6 @@ def build_response(
         "finish_reason": finish_reason,
         "matched_stop": generation.matched_stop,
     }
-    if chat.return_token_ids:
-        choice["token_ids"] = ids
     response: dict[str, Any] = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
@@ -206,8 +192,7 @@ def build_response(
         },
         "metadata": {"weight_version": "default"},
     }
-    if chat.return_token_ids:
-        response["prompt_token_ids"] = prompt_ids
+    attach_token_ids(engine.settings.ids_style, chat.ids_asked, response, prompt_ids, ids)
     return response
 
 

@@ -6,6 +6,8 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from compose.emulator.token_ids import IDS_STYLES
+
 
 @dataclass
 class EmulatorSettings:
@@ -17,6 +19,9 @@ class EmulatorSettings:
     # model family override (kimi_k2, qwen3, generic); None detects it from the template
     family: str | None = None
     max_model_len: int = 32768
+    # how chat completions carry exact token ids: vLLM's, SGLang's ones, or none
+    # (compose/emulator/token_ids.py)
+    ids_style: str = "vllm"
 
     # Output length: uniform in [min, max] tokens, or log-normal around mean (clipped to them).
     min_output_tokens: int = 16
@@ -52,6 +57,8 @@ class EmulatorSettings:
         self.tokenizer_dir = Path(self.tokenizer_dir)
         if not self.model:
             self.model = self.tokenizer_dir.resolve().name
+        if self.ids_style not in IDS_STYLES:
+            raise ValueError(f"ids_style must be one of {IDS_STYLES}, got {self.ids_style!r}")
         if self.min_output_tokens < 1 or self.max_output_tokens < self.min_output_tokens:
             raise ValueError("need 1 <= min_output_tokens <= max_output_tokens")
         for name in (
@@ -80,6 +87,12 @@ def add_emulator_arguments(parser: argparse.ArgumentParser) -> None:
     add("--model", default="", help="served model name (default: the tokenizer dir name)")
     add("--family", default=None, help="model family override: kimi_k2, qwen3, generic")
     add("--max-model-len", type=int, default=d.max_model_len, help="context length")
+    add(
+        "--ids-style",
+        choices=IDS_STYLES,
+        default=d.ids_style,
+        help="how chat completions return exact token ids (a server version's way)",
+    )
     add("--min-output-tokens", type=int, default=d.min_output_tokens)
     add("--max-output-tokens", type=int, default=d.max_output_tokens)
     add("--mean-output-tokens", type=int, default=None, help="log-normal lengths around this")
@@ -108,6 +121,7 @@ def settings_from_args(args: argparse.Namespace) -> EmulatorSettings:
         model=args.model,
         family=args.family,
         max_model_len=args.max_model_len,
+        ids_style=args.ids_style,
         min_output_tokens=args.min_output_tokens,
         max_output_tokens=args.max_output_tokens,
         mean_output_tokens=args.mean_output_tokens,

@@ -1,51 +1,14 @@
-"""Tool calls in each family's wire format: rendered into the output, parsed back as SGLang does.
-
-Kimi K2 (`--tool-call-parser kimi_k2`):
-  <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>
-  {json}<|tool_call_end|>...<|tool_calls_section_end|>
-Qwen3 coder (`--tool-call-parser qwen3_coder`):
-  <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>
-"""
+"""Tool calls in each family's wire format, as the emulated model writes them; SGLang's parsing
+of them back is streams/core/parsers.py."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
-from dataclasses import dataclass
 from typing import Any
 
-KIMI_SECTION_BEGIN = "<|tool_calls_section_begin|>"
-KIMI_SECTION_END = "<|tool_calls_section_end|>"
-QWEN_TOOL_CALL = "<tool_call>"
+from streams.core.parsers import KIMI_SECTION_BEGIN, KIMI_SECTION_END, parse, tool_start_token
 
-_KIMI_CALL = re.compile(
-    r"<\|tool_call_begin\|>\s*(?P<id>[\w\.]+:\d+)\s*<\|tool_call_argument_begin\|>\s*"
-    r"(?P<args>\{.*?\})\s*<\|tool_call_end\|>",
-    re.DOTALL,
-)
-_QWEN_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-_QWEN_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
-_QWEN_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: str  # JSON text, as the OpenAI API carries it
-
-    def to_openai(self, index: int) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "index": index,
-            "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments},
-        }
-
-
-def tool_start_token(family: str) -> str | None:
-    return {"kimi_k2": KIMI_SECTION_BEGIN, "qwen3": QWEN_TOOL_CALL}.get(family)
+__all__ = ["parse", "render", "tool_start_token"]
 
 
 def render(family: str, calls: list[tuple[str, dict[str, Any]]], first_index: int) -> str:
@@ -71,72 +34,3 @@ def render(family: str, calls: list[tuple[str, dict[str, Any]]], first_index: in
 
 def _qwen_value(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-
-def parse(
-    family: str, text: str, tools: list[dict[str, Any]], history_calls: int
-) -> tuple[str, list[ToolCall]]:
-    """(normal text, calls) as the family's SGLang detector returns them; no calls leaves text."""
-    if family == "kimi_k2":
-        return _parse_kimi(text, history_calls)
-    if family == "qwen3":
-        return _parse_qwen(text, tools)
-    return text, []
-
-
-def _parse_kimi(text: str, history_calls: int) -> tuple[str, list[ToolCall]]:
-    start = text.find(KIMI_SECTION_BEGIN)
-    if start < 0:
-        return text, []
-    calls: list[ToolCall] = []
-    for match in _KIMI_CALL.finditer(text, start):
-        model_id = match.group("id")
-        name = model_id.split(".", 1)[-1].split(":", 1)[0]
-        # SGLang rewrites the id from the history count, whatever index the model wrote.
-        call_id = f"functions.{name}:{history_calls + len(calls)}"
-        calls.append(ToolCall(call_id, name, match.group("args")))
-    if not calls:
-        return text, []
-    return text[:start], calls
-
-
-def _parse_qwen(text: str, tools: list[dict[str, Any]]) -> tuple[str, list[ToolCall]]:
-    start = text.find(QWEN_TOOL_CALL)
-    if start < 0:
-        return text, []
-    schemas = {t.get("name"): (t.get("parameters") or {}) for t in tools}
-    calls: list[ToolCall] = []
-    for block in _QWEN_CALL.finditer(text, start):
-        function = _QWEN_FUNCTION.search(block.group(1))
-        if not function:
-            continue
-        name = function.group(1).strip()
-        properties = schemas.get(name, {}).get("properties") or {}
-        args = {
-            key.strip(): _convert(_strip_one_newline(raw), properties.get(key.strip()) or {})
-            for key, raw in _QWEN_PARAMETER.findall(function.group(2))
-        }
-        arguments = json.dumps(args, ensure_ascii=False)
-        digest = hashlib.sha256(f"{len(calls)}:{name}:{arguments}".encode()).hexdigest()
-        calls.append(ToolCall(f"call_{digest[:24]}", name, arguments))
-    if not calls:
-        return text, []
-    return text[:start], calls
-
-
-def _strip_one_newline(raw: str) -> str:
-    raw = raw[1:] if raw.startswith("\n") else raw
-    return raw[:-1] if raw.endswith("\n") else raw
-
-
-def _convert(raw: str, schema: dict[str, Any]) -> Any:
-    """Parameter text to a JSON value by the schema's type (qwen3_coder's conversion)."""
-    kind = schema.get("type")
-    if kind == "string":
-        return raw
-    if kind == "boolean" and raw.strip().lower() in ("true", "false"):
-        return raw.strip().lower() == "true"
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return raw

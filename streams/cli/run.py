@@ -106,7 +106,8 @@ def register(commands: Any) -> None:
     add_flags(parser, RunSettings)
     add_flags(parser, KafkaSettings)
     add_flags(parser, PublishSettings, only=["limit", "regen"])
-    add_flags(parser, GenerateSettings, skip=["server", "kafka", "instance_id"])
+    # `run`'s own --tokenizer serves both stages
+    add_flags(parser, GenerateSettings, skip=["server", "kafka", "instance_id", "tokenizer_dir"])
     add_flags(parser, TokenizeSettings, only=TOKENIZE_FLAGS)
     parser.set_defaults(handler=run_pipeline)
 
@@ -124,7 +125,7 @@ def write_settings(workdir: Path, name: str, **sections: Any) -> Path:
 def run_pipeline(args: argparse.Namespace) -> int:
     from compose.stack import LocalStack
     from producers.publish import publish
-    from streams.tokenize.loading import load_tokenizer
+    from streams.core.tokenizers import load_tokenizer
 
     settings = build(RunSettings, args)
     publishing = build(PublishSettings, args)
@@ -162,7 +163,9 @@ def run_pipeline(args: argparse.Namespace) -> int:
         workers = []
         for index, server in enumerate(servers):
             name = f"generate-{index}"
-            generate = build(GenerateSettings, args, server=server, kafka=kafka)
+            generate = build(
+                GenerateSettings, args, server=server, kafka=kafka, tokenizer_dir=tokenizer
+            )
             path = write_settings(workdir, name, generate=generate, once=OnceSettings())
             workers.append(start(name, "generate", path))
         tokenize = build(

@@ -63,9 +63,9 @@ def run_tokenize(
     (a CliError) or add to the manifest written at start (replay does both)."""
     from sinks.shards import ShardStore
     from streams.core.faust_app import run_worker
+    from streams.core.tokenizers import load_tokenizer
     from streams.core.topics import ensure_topics
     from streams.tokenize.app import build_tokenize_app, manifest
-    from streams.tokenize.loading import load_tokenizer
 
     file = settings_file(args)
     settings = build(TokenizeSettings, args, base=file.get("tokenize"))

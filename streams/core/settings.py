@@ -64,6 +64,7 @@ Family = Literal["kimi_k2", "qwen3", "generic"]
 KeepOrDrop = Literal["drop", "keep"]
 OverLength = Literal["drop", "truncate"]
 RegenMode = Literal["final", "every-turn"]
+GenerateApi = Literal["chat", "native"]
 
 
 def setting(
@@ -271,7 +272,20 @@ class GenerateSettings(Settings):
         help="model family for the thinking kwarg (default: from the model name)",
     )
     thinking: bool = setting(True, flag="--no-thinking", help="generate with thinking off")
+    # ask the server for its exact token ids (the way is probed at start: exact_ids.py)
     return_token_ids: bool = True
+    # native: for servers whose chat endpoint returns no ids (streams/generate/native.py)
+    api: GenerateApi = setting(
+        "chat",
+        flag="--api",
+        help="chat: /v1/chat/completions; native: render the prompt with --tokenizer and post "
+        "its ids to SGLang's /generate, so the output ids are exact on any server version",
+    )
+    tokenizer_dir: str | None = setting(
+        None,
+        flag="--tokenizer",
+        help="the target's tokenizer directory, the one the server uses (for --api native)",
+    )
     api_key: SecretStr | None = setting(None, env=("DRAFTGEN_API_KEY", "OPENAI_API_KEY"))
     request_timeout_s: float = setting(1800.0, flag="--request-timeout", gt=0)
     max_attempts: int = setting(
@@ -287,6 +301,12 @@ class GenerateSettings(Settings):
         flag="--instance-id",
         help="static group membership id: a restart does not rebalance",
     )
+
+    @model_validator(mode="after")
+    def _native_needs_a_tokenizer(self) -> GenerateSettings:
+        if self.api == "native" and not self.tokenizer_dir:
+            raise ValueError("--api native needs --tokenizer (the target's tokenizer directory)")
+        return self
 
 
 class OnceSettings(Settings):

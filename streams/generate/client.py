@@ -13,10 +13,21 @@ from typing import Any
 
 import httpx2
 import openai
+import orjson
 
 from streams.core.families import FAMILIES, GENERIC, FamilyProfile
 from streams.core.records import CompletionRecord, PromptRecord
 from streams.core.settings import GenerateSettings
+from streams.core.tokenizers import load_tokenizer
+from streams.generate.exact_ids import (
+    NATIVE,
+    NO_IDS,
+    PROBE_REQUEST,
+    IdsWay,
+    find_ids,
+    way_of,
+)
+from streams.generate.native import NativeChat, NativeError
 
 log = logging.getLogger(__name__)
 
@@ -33,20 +44,22 @@ class GenerationError(Exception):
 
 
 def classify(err: Exception) -> GenerationError:
-    if isinstance(err, openai.APITimeoutError):
+    if isinstance(err, openai.APITimeoutError | httpx2.TimeoutException):
         return GenerationError("timeout", "request timed out", transient=True)
-    if isinstance(err, openai.APIConnectionError):
+    if isinstance(err, openai.APIConnectionError | httpx2.TransportError):
         # Refused or reset: the server may be down; the caller probes health before counting it.
         return GenerationError("connection_error", _short(err), transient=True, server_down=True)
     if isinstance(err, openai.APIStatusError):
-        status = err.status_code
-        message = _error_message(err)
-        if status == 400 and "context length" in message:
-            return GenerationError("context_too_long", message, transient=False)
-        if status in (408, 429) or status >= 500:
-            return GenerationError(f"http_{status}", message, transient=True)
-        return GenerationError(f"http_{status}", message, transient=False)
+        return status_error(err.status_code, _error_message(err))
     return GenerationError(type(err).__name__, _short(err), transient=False)
+
+
+def status_error(status: int, message: str) -> GenerationError:
+    if status == 400 and "context length" in message:
+        return GenerationError("context_too_long", message, transient=False)
+    if status in (408, 429) or status >= 500:
+        return GenerationError(f"http_{status}", message, transient=True)
+    return GenerationError(f"http_{status}", message, transient=False)
 
 
 def _error_message(err: openai.APIStatusError) -> str:
@@ -98,6 +111,14 @@ class SGLangClient:
         )
         self.model = settings.model or ""
         self.family = GENERIC
+        # how this server returns exact ids (probe_ids); until probed, ask every way
+        self.ids_way: IdsWay | None = None
+        # `--api native`: prompts rendered here, posted to /generate (streams/generate/native.py)
+        self.native: NativeChat | None = None
+        if settings.api == "native":
+            assert settings.tokenizer_dir is not None  # the settings check it
+            loaded = load_tokenizer(settings.tokenizer_dir, family=settings.family)
+            self.native = NativeChat(loaded, settings.thinking)
 
     async def close(self) -> None:
         await self._openai.close()
@@ -115,6 +136,9 @@ class SGLangClient:
         if not self.model:
             models = await self._openai.models.list()
             self.model = models.data[0].id
+        if self.native is not None:  # the tokenizer's template says the family
+            self.family = self.native.profile
+            return
         self.family = family_for_model(self.model, self.settings.family)
         if self.family is GENERIC and self.settings.thinking:
             log.warning(
@@ -123,19 +147,53 @@ class SGLangClient:
                 self.model,
             )
 
+    async def probe_ids(self) -> IdsWay | None:
+        """One tiny request asking for ids every way: the answer shows which way the server
+        has. Transient failures raise (the caller retries); if the server refuses the probe,
+        None: each request then asks every way, and the ids are read wherever they come."""
+        if self.native is not None:
+            self.ids_way = NATIVE
+            return NATIVE
+        if not self.settings.return_token_ids:
+            self.ids_way = NO_IDS
+            return NO_IDS
+        request: dict[str, Any] = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 1,
+            "extra_body": {"chat_template_kwargs": self._template_kwargs(), **PROBE_REQUEST},
+        }
+        try:
+            response = await self._openai.chat.completions.create(**request)
+        except Exception as err:
+            failure = classify(err)
+            if failure.transient:
+                raise failure from None
+            log.warning(
+                "could not ask %s how it returns token ids (%s); asking every way each time",
+                self.base_url,
+                failure,
+            )
+            self.ids_way = None
+            return None
+        self.ids_way = way_of(response.model_dump())
+        return self.ids_way
+
     def _template_kwargs(self) -> dict[str, Any]:
         if self.family.thinking_kwarg:
             return {self.family.thinking_kwarg: self.settings.thinking}
         return {"thinking": self.settings.thinking, "enable_thinking": self.settings.thinking}
 
     async def complete(self, prompt: PromptRecord) -> CompletionRecord:
+        if self.native is not None:
+            return await self._complete_native(prompt, self.native)
         sampling = self.settings.sampling
         extra_body: dict[str, Any] = {
             "chat_template_kwargs": self._template_kwargs(),
             "separate_reasoning": True,
         }
         if self.settings.return_token_ids:
-            extra_body["return_token_ids"] = True
+            extra_body.update(PROBE_REQUEST if self.ids_way is None else self.ids_way.asked)
         request: dict[str, Any] = {
             "model": self.model,
             "messages": prompt.messages,
@@ -162,6 +220,9 @@ class SGLangClient:
         reasoning = message.get("reasoning_content")
         if reasoning is None:
             reasoning = message.get("reasoning")
+        ids = find_ids(body)
+        # a pair or nothing: the tokenize stage renders a sample without its output's ids
+        exact = ids.prompt is not None and ids.output is not None
         return CompletionRecord.from_prompt(
             prompt,
             reasoning_content=reasoning,
@@ -169,10 +230,59 @@ class SGLangClient:
             tool_calls=message.get("tool_calls") or None,
             finish_reason=choice.get("finish_reason"),
             usage=body.get("usage") or {},
-            prompt_token_ids=body.get("prompt_token_ids") or choice.get("prompt_token_ids"),
-            output_token_ids=choice.get("token_ids"),
+            prompt_token_ids=ids.prompt if exact else None,
+            output_token_ids=ids.output if exact else None,
             model=self.model,
             server=self.base_url,
             sampling={**sampling.as_dict(), "chat_template_kwargs": self._template_kwargs()},
             latency_s=round(time.monotonic() - started, 4),
         )
+
+    async def _complete_native(self, prompt: PromptRecord, native: NativeChat) -> CompletionRecord:
+        sampling = self.settings.sampling
+        started = time.monotonic()
+        try:
+            rendered = native.render(prompt)
+            headers = {"Content-Type": "application/json"}
+            if self.settings.api_key:
+                headers["Authorization"] = f"Bearer {self.settings.api_key.get_secret_value()}"
+            body = orjson.dumps(native.request(rendered, sampling))
+            try:
+                response = await self._http.post(
+                    f"{self.base_url}/generate", content=body, headers=headers
+                )
+            except httpx2.HTTPError as err:
+                raise classify(err) from None
+            if response.status_code != 200:
+                raise status_error(response.status_code, _native_message(response))
+            try:
+                answer = orjson.loads(response.content)
+            except orjson.JSONDecodeError:
+                raise GenerationError("bad_response", "not JSON", transient=True) from None
+            fields = native.completion_fields(rendered, answer)
+        except NativeError as err:
+            # a template that refuses the prompt is the prompt's fault; a bad answer the server's
+            transient = err.kind == "bad_response"
+            raise GenerationError(err.kind, str(err), transient=transient) from None
+        return CompletionRecord.from_prompt(
+            prompt,
+            **fields,
+            model=self.model,
+            server=self.base_url,
+            sampling={**sampling.as_dict(), "chat_template_kwargs": native.template_kwargs()},
+            latency_s=round(time.monotonic() - started, 4),
+        )
+
+
+def _native_message(response: httpx2.Response) -> str:
+    """/generate's errors: {"error": {"message"}} for a bad request, else OpenAI's shape."""
+    try:
+        body = orjson.loads(response.content)
+    except orjson.JSONDecodeError:
+        return response.text[:500]
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return error["message"][:500]
+    if isinstance(body, dict) and isinstance(body.get("message"), str):
+        return body["message"][:500]
+    return response.text[:500]

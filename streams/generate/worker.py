@@ -24,6 +24,7 @@ from streams.core.retry import Backoff, Outage, until_done
 from streams.core.settings import GenerateSettings
 from streams.generate import regen
 from streams.generate.client import GenerationError, SGLangClient
+from streams.generate.exact_ids import IdsWay
 from streams.generate.inflight import InFlightWindow
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,33 @@ class GenerateStats:
     # prompts generated from other workers' backlogs (streams/generate/steal.py)
     stolen: int = 0
     errors: dict[str, int] = field(default_factory=dict)
+
+
+# what a worker whose server returns no exact ids can do instead
+NATIVE_HINT = "--api native --tokenizer DIR gets exact ids from its /generate"
+
+
+def log_ids_way(server: str, way: IdsWay | None) -> None:
+    if way is None:
+        return  # the probe was refused: the client said so
+    where = " + ".join(way.fields)
+    if way.exact:
+        log.info("server %s returns exact token ids via %s (%s)", server, where, way.name)
+    elif way.fields:
+        log.warning(
+            "server %s returns only prompt token ids (%s): samples will be rendered, not "
+            "token-exact from the server (%s)",
+            server,
+            where,
+            NATIVE_HINT,
+        )
+    else:
+        log.warning(
+            "server %s returns no token ids: samples will be rendered, not token-exact from "
+            "the server (%s)",
+            server,
+            NATIVE_HINT,
+        )
 
 
 class GenerateWorker:
@@ -87,6 +115,9 @@ class GenerateWorker:
         """Wait for the server to answer, learn its model, then let the agent take prompts."""
         what = f"asking {self.client.base_url} for its model"
         await until_done(what, self.client.discover, self.backoff, log, self.server)
+        what = f"asking {self.client.base_url} for token ids"
+        way = await until_done(what, self.client.probe_ids, self.backoff, log, self.server)
+        log_ids_way(self.client.base_url, way)
         log.info(
             "generating with model %s (%s family) on %s, %d in flight",
             self.client.model,

@@ -15,9 +15,9 @@ from streams.core.crash_guard import CrashGuard
 from streams.core.faust_app import consume, create_app, kafka_sender, raw_topic
 from streams.core.outage import Outage
 from streams.core.settings import COMPLETIONS, DEAD_LETTERS, ObserveSettings, TokenizeSettings
+from streams.core.tokenizers import LoadedTokenizer
 from streams.ops.metrics import Figures, TokenizeMetrics
 from streams.ops.observe import install
-from streams.tokenize.loading import LoadedTokenizer
 from streams.tokenize.policies import PolicySampleBuilder
 from streams.tokenize.stage import TokenizeStats, TokenizeWorker
 

@@ -35,6 +35,7 @@ import tiktoken
 
 from streams.core.families import FamilyProfile
 from streams.core.records import CompletionRecord, Message
+from streams.core.templates import template_tools
 
 TokenSource = Literal["server", "rendered"]
 TOKEN_SOURCES: tuple[TokenSource, ...] = ("server", "rendered")
@@ -382,27 +383,6 @@ def _qwen_value(value: Any, as_json: bool) -> str:
 
 
 # -- helpers -------------------------------------------------------------------------------
-
-
-def template_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """The tools as SGLang hands them to the chat template: each OpenAI tool's function as
-    its pydantic dump (`item.function.model_dump()`), not the `{"type", "function"}` wrapper.
-    Templates print them as JSON, so any other shape renders another prompt than the
-    server's (and shows as drift on every prompt with tools)."""
-    if not tools:
-        return None
-    out = []
-    for tool in tools:
-        function = tool.get("function", tool)
-        out.append(
-            {
-                "description": function.get("description"),
-                "name": function.get("name"),
-                "parameters": function.get("parameters"),
-                "strict": bool(function.get("strict", False)),
-            }
-        )
-    return out
 
 
 def _function(call: Mapping[str, Any]) -> Mapping[str, Any]:

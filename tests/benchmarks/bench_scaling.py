@@ -144,7 +144,8 @@ def scenario(
     fast = [u for u, s in zip(urls, speeds, strict=True) if s > slowest] or urls
     asyncio.run(publish(kafka, [parse_source_spec(str(source))], progress=False))
     seconds, tail = asyncio.run(_watch(kafka, urls, fast))
-    requests = sum(_stats(u)["requests"] for u in urls)
+    # each worker's first request is its probe for token ids (streams/generate/exact_ids.py)
+    requests = sum(_stats(u)["requests"] for u in urls) - len(urls)
     for process in reversed(procs):
         process.stop()
     return Result(label, seconds, prompts, tail, requests)

@@ -21,8 +21,8 @@ import pytest
 
 from compose.emulator import EmulatorSettings, add_emulator_arguments, settings_from_args
 from compose.emulator.model import EmulatedModel
-from compose.emulator.reasoning import split_reasoning
 from compose.process import free_port
+from streams.core.parsers import split_reasoning
 from tests.polling import wait_for_async
 
 # the fixtures' types (tests/compose/conftest.py: EmulatorHandle and its start_emulator factory)
@@ -452,6 +452,69 @@ def test_tool_calls(start_emulator: StartEmulator, family: str) -> None:
     asyncio.run(scenario())
 
 
+# every request field that asks for ids, and where each style answers them: P the prompt's
+# ids, O the output's (compose/emulator/token_ids.py)
+ASK_EVERY_WAY = {
+    "return_token_ids": True,
+    "return_prompt_token_ids": True,
+    "return_input_ids_in_sglext": True,
+    "return_output_ids_in_sglext": True,
+}
+STYLE_FIELDS = {
+    "vllm": {"prompt_token_ids": "P", "choices[].token_ids": "O"},
+    "choices": {"choices[].prompt_token_ids": "P", "choices[].token_ids": "O"},
+    "response_token_ids": {
+        "choices[].prompt_token_ids": "P",
+        "choices[].response_token_ids": "O",
+    },
+    "sglext": {"sglext.input_ids": "P", "sglext.output_ids": "[O]"},
+    "prompt_token_ids": {"choices[].prompt_token_ids": "P"},
+    "none": {},
+}
+
+
+def id_fields(body: dict[str, Any], prompt: list[int], output: list[int]) -> dict[str, str]:
+    """Where a raw response carries ids, each named P, O or [O] by what it holds."""
+    names = {json.dumps(prompt): "P", json.dumps(output): "O", json.dumps([output]): "[O]"}
+    choice = body["choices"][0]
+    places = {
+        "prompt_token_ids": body.get("prompt_token_ids"),
+        "choices[].prompt_token_ids": choice.get("prompt_token_ids"),
+        "choices[].token_ids": choice.get("token_ids"),
+        "choices[].response_token_ids": choice.get("response_token_ids"),
+        **{f"sglext.{k}": v for k, v in (body.get("sglext") or {}).items()},
+    }
+    return {k: names.get(json.dumps(v), "?") for k, v in places.items() if v is not None}
+
+
+@pytest.mark.parametrize("style", sorted(STYLE_FIELDS))
+def test_ids_styles(start_emulator: StartEmulator, style: str) -> None:
+    async def scenario() -> None:
+        async with start_emulator("qwen36", ids_style=style) as emu:
+            model = emu.model
+            messages = user("Explain write-ahead logs.")
+            prompt = model.encode(model.render(messages))
+            # the same prompt gives the same output on every endpoint
+            native = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 4096}}
+            _, generated = await post(emu, "/generate", native)
+            output = generated["output_ids"]
+            request = {"model": emu.engine.settings.model, "messages": messages}
+            status, body = await post(emu, "/v1/chat/completions", {**request, **ASK_EVERY_WAY})
+            assert status == 200
+            assert body["usage"]["prompt_tokens"] == len(prompt)
+            assert body["usage"]["completion_tokens"] == len(output)
+            assert id_fields(body, prompt, output) == STYLE_FIELDS[style]
+            # nothing asked, nothing answered; sglext answers each side it is asked for
+            _, plain = await post(emu, "/v1/chat/completions", request)
+            assert id_fields(plain, prompt, output) == {}
+            one_side = {**request, "return_output_ids_in_sglext": True}
+            _, output_only = await post(emu, "/v1/chat/completions", one_side)
+            want = {"sglext.output_ids": "[O]"} if style == "sglext" else {}
+            assert id_fields(output_only, prompt, output) == want
+
+    asyncio.run(scenario())
+
+
 # -- native /generate -------------------------------------------------------------------------
 
 
@@ -555,6 +618,7 @@ def test_cli_flags_fill_settings(tmp_path: Path) -> None:
             "--tokenizer", str(tmp_path / "my-model"),
             "--port", "31000",
             "--max-model-len", "4096",
+            "--ids-style", "sglext",
             "--min-output-tokens", "5",
             "--max-output-tokens", "50",
             "--tokens-per-s", "1500",
@@ -573,6 +637,8 @@ def test_cli_flags_fill_settings(tmp_path: Path) -> None:
     assert settings.model == "my-model"  # the directory's name
     assert settings.host == "127.0.0.1"
     assert (settings.port, settings.max_model_len) == (31000, 4096)
+    assert settings.ids_style == "sglext"
+    assert EmulatorSettings(tokenizer_dir=tmp_path).ids_style == "vllm"  # as before the flag
     assert (settings.min_output_tokens, settings.max_output_tokens) == (5, 50)
     assert (settings.max_running_requests, settings.max_queued_requests) == (8, 16)
     assert settings.tokens_per_s == 1500
@@ -588,6 +654,8 @@ def test_cli_flags_fill_settings(tmp_path: Path) -> None:
     assert settings.seed == 3
     with pytest.raises(ValueError):
         EmulatorSettings(tokenizer_dir=tmp_path, rate_503=2.0)
+    with pytest.raises(ValueError):
+        EmulatorSettings(tokenizer_dir=tmp_path, ids_style="json")
 
 
 def test_process_prints_ready_line_and_stops_on_sigterm(qwen36_tokenizer_dir: Path) -> None:

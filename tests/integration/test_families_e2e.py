@@ -22,9 +22,9 @@ from compose.tiny_tokenizers import build_kimi_k26_tokenizer
 from producers.publish import publish
 from producers.sources import parse_source_spec
 from streams.core.records import CompletionRecord
+from streams.core.tokenizers import load_tokenizer
 from streams.core.turns import EVERY_TURN, FINAL, STOPPED, parse_turn_id, turn_prompt_id
 from streams.ops.progress import dataset_figures
-from streams.tokenize.loading import load_tokenizer
 
 pytestmark = pytest.mark.integration
 

@@ -19,8 +19,8 @@ import pytest
 from compose.tiny_tokenizers import build_qwen36_tokenizer
 from sinks.reader import DatasetReader
 from streams.cli.main import main
+from streams.core.tokenizers import load_tokenizer
 from streams.ops.report import sample_lengths
-from streams.tokenize.loading import load_tokenizer
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration

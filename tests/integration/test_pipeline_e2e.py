@@ -7,7 +7,7 @@ import datasets
 import pyarrow as pa
 import pytest
 
-from streams.tokenize.loading import load_tokenizer
+from streams.core.tokenizers import load_tokenizer
 
 pytestmark = pytest.mark.integration
 

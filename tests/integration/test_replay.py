@@ -12,7 +12,7 @@ import pytest
 
 from compose.stack import draftgen_argv
 from compose.tiny_tokenizers import QWEN36_CHAT_TEMPLATE
-from streams.tokenize.loading import load_tokenizer
+from streams.core.tokenizers import load_tokenizer
 from streams.tokenize.samples import SampleBuilder
 from tests.integration.probes import requests_served, topic_size
 

@@ -204,7 +204,7 @@ def test_latest_answer_wins_and_a_crash_before_the_marker_records_one_drop(pipel
 
 
 def _rendered_ids(pipeline: Any, record: CompletionRecord) -> list[int]:
-    from streams.tokenize.loading import load_tokenizer
+    from streams.core.tokenizers import load_tokenizer
     from streams.tokenize.samples import SampleBuilder
 
     loaded = load_tokenizer(pipeline.tokenizer_dir)

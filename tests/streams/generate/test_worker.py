@@ -25,6 +25,7 @@ from streams.core.records import CompletionRecord, DeadLetter, PromptRecord
 from streams.core.settings import GenerateSettings, KafkaSettings, OnceSettings
 from streams.generate.app import generate_figures
 from streams.generate.client import GenerationError
+from streams.generate.exact_ids import NO_IDS, IdsWay
 from streams.generate.once import OnceGenerateWorker
 from streams.generate.steal import Stealer
 from streams.generate.worker import GenerateWorker
@@ -96,6 +97,9 @@ class FakeClient:
     async def healthy(self) -> bool:
         self.probes += 1
         return self.up
+
+    async def probe_ids(self) -> IdsWay:
+        return NO_IDS
 
     async def complete(self, record: PromptRecord) -> CompletionRecord:
         pid = record.prompt_id

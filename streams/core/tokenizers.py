@@ -1,4 +1,5 @@
-"""Load the target's tokenizer from a local directory (remote code allowed, like Kimi's)."""
+"""Load the target's tokenizer from a local directory (remote code allowed, like Kimi's): the
+tokenize stage builds samples with it, the generate stage renders prompts for `--api native`."""
 
 from __future__ import annotations
 

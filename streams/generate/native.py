@@ -1,0 +1,128 @@
+"""`--api native`: token-exact generation on servers whose chat endpoint returns no ids.
+
+The prompt is rendered here with the target's chat template, as SGLang's chat endpoint renders
+it (streams/core/templates.py), and its ids are posted to SGLang's native `/generate` with the
+same sampling parameters and the end-of-turn stop token. The output ids are recorded as
+sampled, and the output is split into reasoning, content and tool calls with SGLang's own
+parsers (streams/core/parsers.py), so the record reads as a chat completion would.
+
+SGLang's `/generate` (io_struct.GenerateReqInput; schedule_batch FINISH_* .to_json()):
+  {"input_ids": [...], "sampling_params": {"max_new_tokens", "temperature", "top_p",
+   "stop_token_ids", "skip_special_tokens", ...}}
+  → {"text": ..., "output_ids": [...], "meta_info": {"finish_reason": {"type": "stop",
+     "matched": id} | {"type": "length", "length": n} | null, "prompt_tokens": n,
+     "completion_tokens": n, ...}}
+The stop token is in `output_ids` and trimmed from `text`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from streams.core.parsers import parse, split_reasoning, tool_start_token
+from streams.core.records import PromptRecord
+from streams.core.settings import SamplingSettings
+from streams.core.templates import template_message, template_tools
+from streams.core.tokenizers import LoadedTokenizer
+
+
+class NativeError(ValueError):
+    """The prompt cannot be rendered, or the answer is not /generate's shape."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class NativePrompt:
+    input_ids: list[int]
+    tools: list[dict[str, Any]] | None  # function dicts, as the template and parser get them
+    history_tool_calls: int
+
+
+class NativeChat:
+    """Renders prompts and reads /generate answers for one target tokenizer and family."""
+
+    def __init__(self, loaded: LoadedTokenizer, thinking: bool):
+        self.tokenizer = loaded.tokenizer
+        self.profile = loaded.profile
+        self.thinking = thinking
+        eot = self.profile.end_of_turn
+        ids = self.tokenizer.encode(eot, add_special_tokens=False) if eot else []
+        stop = ids[0] if len(ids) == 1 else getattr(self.tokenizer, "eos_token_id", None)
+        self.stop_token_ids = [int(stop)] if stop is not None else []
+
+    def template_kwargs(self) -> dict[str, Any]:
+        if self.profile.thinking_kwarg:
+            return {self.profile.thinking_kwarg: self.thinking}
+        return {"thinking": self.thinking, "enable_thinking": self.thinking}
+
+    def render(self, prompt: PromptRecord) -> NativePrompt:
+        messages = [template_message(m) for m in prompt.messages]
+        tools = template_tools(prompt.tools)
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages,
+                tools=tools,
+                add_generation_prompt=True,
+                tokenize=False,
+                **self.template_kwargs(),
+            )
+        except Exception as err:  # jinja errors, raise_exception(), bad message shapes
+            raise NativeError("template_error", f"{type(err).__name__}: {err}") from None
+        ids = self.tokenizer.encode(str(text), add_special_tokens=False)
+        calls = sum(len(m.get("tool_calls") or []) for m in messages if m["role"] == "assistant")
+        return NativePrompt([int(i) for i in ids], tools, calls)
+
+    def request(self, native: NativePrompt, sampling: SamplingSettings) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "max_new_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "stop_token_ids": self.stop_token_ids,
+            # as the chat endpoint: special tokens kept when tools are given, for the parser
+            "skip_special_tokens": not native.tools,
+        }
+        if sampling.seed is not None:
+            params["sampling_seed"] = sampling.seed
+        return {"input_ids": native.input_ids, "sampling_params": params}
+
+    def completion_fields(self, native: NativePrompt, body: Any) -> dict[str, Any]:
+        """The generated fields of a completion record from a /generate answer."""
+        if not isinstance(body, dict) or not isinstance(body.get("output_ids"), list):
+            raise NativeError("bad_response", "the /generate answer has no output_ids")
+        text = str(body.get("text") or "")
+        output_ids = body["output_ids"]
+        meta = body.get("meta_info") or {}
+        finish = (meta.get("finish_reason") or {}).get("type")
+        reasoning, content = None, text
+        profile = self.profile
+        if profile.reasoning_parser and self.thinking:
+            tool_start = tool_start_token(profile.name) if native.tools else None
+            split = split_reasoning(
+                text, profile.think_open, profile.think_close, profile.prefills_think, tool_start
+            )
+            reasoning, content = split[0] or None, split[1]
+        tool_calls = None
+        if native.tools and profile.tool_call_parser:
+            content, calls = parse(profile.name, content, native.tools, native.history_tool_calls)
+            if calls:
+                tool_calls = [call.to_openai(i) for i, call in enumerate(calls)]
+                finish = "tool_calls" if finish == "stop" else finish
+        prompt_tokens = int(meta.get("prompt_tokens") or len(native.input_ids))
+        completion_tokens = int(meta.get("completion_tokens") or len(output_ids))
+        return {
+            "reasoning_content": reasoning,
+            "content": content,
+            "tool_calls": tool_calls,
+            "finish_reason": finish,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+            "prompt_token_ids": native.input_ids,
+            "output_token_ids": output_ids,
+        }
