@@ -16,7 +16,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from compose import tiny_tokenizers as tt
-from streams.tokenize.loading import load_tokenizer
+from streams.core.tokenizers import load_tokenizer
 
 REFERENCES = json.loads(
     (Path(__file__).parent / "template_references.json").read_text(encoding="utf-8")

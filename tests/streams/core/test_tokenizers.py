@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from streams.tokenize.loading import load_tokenizer
+from streams.core.tokenizers import load_tokenizer
 
 # A Qwen3-style template (the model writes <think> itself): no prefill after the prompt.
 QWEN3_TEMPLATE = (
