@@ -15,13 +15,16 @@ import time
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import GroupCoordinatorNotAvailableError
 
 from streams.core.settings import GENERATE_GROUP, KafkaSettings
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
 
-RECOVERY_BOUND_S = float(os.environ.get("DRAFTGEN_TEST_RECOVERY_BOUND_S", "15"))
+# Alone on this machine the waits are 7-11 s (README); the suite runs two test files at once on
+# 2 cores, which doubles a worker's start. 25 s still fails the former 60 s session timeout.
+RECOVERY_BOUND_S = float(os.environ.get("DRAFTGEN_TEST_RECOVERY_BOUND_S", "25"))
 PARTITIONS = 4
 
 
@@ -30,9 +33,11 @@ async def _committed(kafka: KafkaSettings) -> dict[int, int]:
     await admin.start()
     try:
         offsets = await admin.list_consumer_group_offsets(kafka.group(GENERATE_GROUP))
-        return {tp.partition: meta.offset for tp, meta in offsets.items() if meta.offset >= 0}
+    except GroupCoordinatorNotAvailableError:
+        return {}  # a fresh broker elects the group's coordinator at its first join
     finally:
         await admin.close()
+    return {tp.partition: meta.offset for tp, meta in offsets.items() if meta.offset >= 0}
 
 
 def committed(kafka: KafkaSettings) -> dict[int, int]:
