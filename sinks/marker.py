@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 
 import orjson
+
+# the most frequent drift causes a marker keeps: enough to name a template bug, bounded in size
+MAX_DRIFT_CAUSES = 20
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,13 @@ class ShardMarker:
     # per row (same order as prompt_ids), so figures can leave out superseded rows
     row_tokens: list[int] = field(default_factory=list)
     row_loss_tokens: list[int] = field(default_factory=list)
+    # drift cause (side and first differing tokens, samples.py's DriftCause.key) → samples, the
+    # MAX_DRIFT_CAUSES most frequent of the window
+    drift_causes: dict[str, int] = field(default_factory=dict)
+
+    @staticmethod
+    def top_causes(causes: Iterable[str | None]) -> dict[str, int]:
+        return dict(Counter(c for c in causes if c).most_common(MAX_DRIFT_CAUSES))
 
     @property
     def key(self) -> tuple[int, int, int]:

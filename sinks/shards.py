@@ -50,6 +50,8 @@ class SampleRow:
     token_source: str
     drift: bool | None = None
     conversation_id: str | None = None
+    # why it drifted (samples.py's DriftCause.key); counted in the marker, not a column
+    drift_cause: str | None = None
     # cut to the sample policy's --max-seq-len; counted in the marker, not a column
     truncated: bool = False
 
@@ -160,6 +162,7 @@ class ShardStore:
             drops=dict(drops or {}),
             row_tokens=table["num_tokens"].to_pylist(),
             row_loss_tokens=table["num_loss_tokens"].to_pylist(),
+            drift_causes=ShardMarker.top_causes(r.drift_cause for r in rows),
         )
         self._put(self.layout.marker(partition, start_offset, generation), marker.encode())
         return marker

@@ -199,6 +199,10 @@ def run_pipeline(args: argparse.Namespace) -> int:
     return 0
 
 
+# the drift causes the summary names: the top few say what to fix first
+SUMMARY_CAUSES = 5
+
+
 def print_summary(result: RunResult, dataset_url: str, workdir: Path) -> None:
     figures, tally = result.figures, result.dead_letters
     print(f"done in {result.elapsed_s:.1f}s: {result.expected} prompts")
@@ -212,6 +216,8 @@ def print_summary(result: RunResult, dataset_url: str, workdir: Path) -> None:
             f"  drift        {figures.drifted} of {figures.compared} compared samples "
             f"({share:.1%}) differ from the template's rendering"
         )
+        for cause, count in figures.drift_causes.most_common(SUMMARY_CAUSES):
+            print(f"    {cause}: {count}")
     else:
         print("  drift        not measured (no sample with server ids was compared)")
     if figures.truncated:

@@ -26,6 +26,8 @@ class DatasetFigures:
     # drift report: samples whose rendering was compared with the server's ids, and differed
     compared: int = 0
     drifted: int = 0
+    # drift cause → samples, summed over the markers (each keeps its window's most frequent)
+    drift_causes: Counter[str] = field(default_factory=Counter)
     truncated: int = 0
 
 
@@ -46,6 +48,7 @@ def dataset_figures(store: ShardStore) -> DatasetFigures:
         # counted over the rows written (a replaced answer was compared too)
         figures.compared += marker.compared
         figures.drifted += marker.drifted
+        figures.drift_causes.update(marker.drift_causes)
         figures.truncated += marker.truncated
     return figures
 

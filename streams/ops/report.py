@@ -42,6 +42,8 @@ from streams.ops.progress import DeadLetterReader
 
 NOT_RECORDED = "not recorded"
 LENGTHS = ("prompt", "reasoning", "answer", "total")
+# the drift causes the report lists, most frequent first
+REPORT_CAUSES = 20
 
 
 # -- lengths ---------------------------------------------------------------------------------
@@ -258,10 +260,15 @@ def build_report(
 
     compared = sum(m.compared for m in markers)
     drifted = sum(m.drifted for m in markers)
+    causes: Counter[str] = Counter()
+    for marker in markers:
+        causes.update(marker.drift_causes)
     report["drift"] = {
         "compared": compared,
         "drifted": drifted,
         "rate": round(drifted / compared, 4) if compared else NOT_RECORDED,
+        # the most frequent first; each marker keeps only its window's most frequent
+        "causes": dict(causes.most_common(REPORT_CAUSES)),
     }
     if not compared:
         not_recorded.append("drift.rate")

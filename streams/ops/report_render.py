@@ -203,6 +203,9 @@ def render_html(report: dict[str, Any], pngs: dict[str, bytes]) -> str:
             ["compared", "drifted", "rate"],
             [[drift["compared"], drift["drifted"], drift["rate"]]],
         ),
+        _table(["cause", "samples"], [[k, n] for k, n in drift["causes"].items()])
+        if drift.get("causes")
+        else "",
         "<h2>Duplicates</h2>",
         _table(
             ["in the version", "excluded by the seal", "removed by the tokenize stage"],

@@ -42,6 +42,8 @@ from streams.ops.status_view import (
 )
 
 TOKENIZE_GROUP_PREFIX = "draftgen-tokenize-"
+# the drift causes a dataset row of `status --json` lists, most frequent first
+STATUS_CAUSES = 5
 
 
 def find_datasets(storage: StorageSettings) -> list[str]:
@@ -204,6 +206,9 @@ class StatusProbe:
                     loss_tokens=figures.loss_tokens,
                     shards=figures.shards,
                     duplicates=figures.replaced,
+                    compared=figures.compared,
+                    drifted=figures.drifted,
+                    drift_causes=dict(figures.drift_causes.most_common(STATUS_CAUSES)),
                 )
             )
         return rows

@@ -22,6 +22,10 @@ class DatasetRow:
     loss_tokens: int
     shards: int
     duplicates: int
+    # drift report (JSON only): samples compared with the server's ids, drifted, top causes
+    compared: int = 0
+    drifted: int = 0
+    drift_causes: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

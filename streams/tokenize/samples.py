@@ -18,7 +18,8 @@ the model never sees.
 
 When a completion has the server's ids, the rendered ids are also computed (if
 ``measure_drift``) and compared with ``prompt_token_ids + output_token_ids``, so that
-template or tokenizer drift is visible. Error kinds:
+template or tokenizer drift is visible; a drifted sample carries its cause (`DriftCause`: the
+prompt or the turn, and the first differing token decoded on both sides). Error kinds:
 template_error, prefix_mismatch, bad_tool_arguments, bad_tool_call, bad_message,
 bad_token_ids, token_out_of_range, too_few_loss_tokens, encode_error.
 """
@@ -39,6 +40,38 @@ from streams.core.templates import template_tools
 
 TokenSource = Literal["server", "rendered"]
 TOKEN_SOURCES: tuple[TokenSource, ...] = ("server", "rendered")
+# a decoded token in a drift cause, repr'd, is cut to this many characters
+CAUSE_TOKEN_CHARS = 40
+
+
+@dataclass(frozen=True)
+class DriftCause:
+    """Where the server's ids and the rendering first differ: in the prompt if the prompt ids
+    differ (else in the turn), the position in the sample, and the token there on each side,
+    decoded and repr'd (None: that side ended there, one is a prefix of the other)."""
+
+    side: Literal["prompt", "turn"]
+    position: int
+    server: str | None
+    rendered: str | None
+
+    @property
+    def label(self) -> str:
+        length = self.server is None or self.rendered is None
+        return f"{self.side} length" if length else self.side
+
+    @property
+    def key(self) -> str:
+        """Without the position, so that counts of the same cause add up across samples."""
+        return (
+            f"{self.label}: server {self.server or '(end)'} vs rendered {self.rendered or '(end)'}"
+        )
+
+    def __str__(self) -> str:
+        return (
+            f"{self.label}: at {self.position} server {self.server or '(end)'} "
+            f"vs rendered {self.rendered or '(end)'}"
+        )
 
 
 @dataclass
@@ -50,6 +83,8 @@ class Sample:
     drift: bool | None = None
     # first position where they differ (None: no drift or not measured)
     drift_position: int | None = None
+    # why it drifted (None: no drift or not measured)
+    drift_cause: DriftCause | None = None
     # cut to the policy's --max-seq-len (streams/policies.py)
     truncated: bool = False
 
@@ -273,7 +308,41 @@ class SampleBuilder:
             sample.drift = rendered[0] != server_all
             if sample.drift:
                 sample.drift_position = _first_difference(rendered[0], server_all)
+                sample.drift_cause = self._drift_cause(server, rendered)
         return self._checked(sample)
+
+    def _drift_cause(
+        self, server: tuple[list[int], list[int]], rendered: tuple[list[int], int]
+    ) -> DriftCause:
+        """Only for drifted samples: two single-token decodes, no pass over the whole sample."""
+        ids, prompt_len = rendered
+        side: Literal["prompt", "turn"] = "prompt"
+        ours, theirs, offset = ids[:prompt_len], server[0], 0
+        if ours == theirs:
+            side, ours, theirs, offset = "turn", ids[prompt_len:], server[1], prompt_len
+        at = _first_difference(ours, theirs)
+        server_token = theirs[at] if at < len(theirs) else None
+        rendered_token = ours[at] if at < len(ours) else None
+        server_text, rendered_text = (
+            self._token_text(server_token),
+            self._token_text(rendered_token),
+        )
+        if server_text is not None and server_text == rendered_text:
+            # two ids of the same text (two byte pieces shown as '\ufffd'): tell them apart
+            server_text += f" #{server_token}"
+            rendered_text = f"{rendered_text} #{rendered_token}"
+        return DriftCause(side, offset + at, server_text, rendered_text)
+
+    def _token_text(self, token: int | None) -> str | None:
+        if token is None:
+            return None
+        try:
+            text = repr(self.tokenizer.decode([token]))
+        except Exception:  # a decode failure must not cost the sample; the id still says it
+            return f"#{token}"
+        if len(text) > CAUSE_TOKEN_CHARS:
+            text = text[: CAUSE_TOKEN_CHARS - 1] + "…"
+        return text
 
     def _checked(self, sample: Sample) -> Sample | SampleError:
         if sample.input_ids and max(sample.input_ids) >= self._vocab_size:

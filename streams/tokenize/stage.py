@@ -172,6 +172,9 @@ class TokenizeWorker:
         if sample.drift is not None:
             self.stats.compared += 1
             self.stats.drifted += int(sample.drift)
+        if sample.drift_cause is not None:
+            # DEBUG: the marker counts causes; a bad template would flood INFO with one a row
+            log.debug("drift in %s: %s", completion.prompt_id, sample.drift_cause)
         return SampleRow(
             prompt_id=completion.prompt_id,
             source=completion.source,
@@ -182,4 +185,5 @@ class TokenizeWorker:
             drift=sample.drift,
             conversation_id=(completion.meta or {}).get("conversation_id"),
             truncated=sample.truncated,
+            drift_cause=sample.drift_cause.key if sample.drift_cause else None,
         )

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 from sinks.layout import DatasetLayout, parse_shard_name, shard_stem
+from sinks.marker import MAX_DRIFT_CAUSES
 from sinks.shards import SampleRow, ShardMarker, ShardStore, read_present
 
 
@@ -133,12 +134,29 @@ def test_marker_counts_drift_and_truncation(tmp_path: Path) -> None:
     assert store.markers() == [marker]
 
 
+def test_marker_counts_the_most_frequent_drift_causes(tmp_path: Path) -> None:
+    store = ShardStore(str(tmp_path), "v1")
+    batch = rows(*(f"p{i}" for i in range(MAX_DRIFT_CAUSES + 4)))
+    turn = "turn: server '\\n' vs rendered '\\n\\n'"
+    for row in batch[:3]:
+        row.drift, row.drift_cause = True, turn
+    # more distinct causes than a marker keeps: the rarest are left out
+    for index, row in enumerate(batch[3:]):
+        row.drift, row.drift_cause = True, f"prompt: server '{index}' vs rendered 'x'"
+    marker = store.write_shard(0, 0, len(batch) - 1, batch)
+    assert len(marker.drift_causes) == MAX_DRIFT_CAUSES
+    assert next(iter(marker.drift_causes.items())) == (turn, 3)
+    assert store.markers() == [marker]  # the causes survive encode and decode
+    assert store.write_shard(1, 0, 1, rows("a")).drift_causes == {}
+
+
 def test_markers_from_before_the_drift_report_still_decode() -> None:
     old = b'{"partition":1,"start_offset":0,"end_offset":4,"rows":2,"tokens":8,"loss_tokens":4,'
     old += b'"sha256":"x","prompt_ids":["a","b"],"written_at":1.0}'
     marker = ShardMarker.decode(old)
     assert (marker.rows, marker.compared, marker.drifted, marker.truncated) == (2, 0, 0, 0)
     assert (marker.generation, marker.drops, marker.row_tokens) == (0, {}, [])
+    assert marker.drift_causes == {}
     newer = old[:-1] + b',"some_future_field":7}'
     assert ShardMarker.decode(newer) == marker
 

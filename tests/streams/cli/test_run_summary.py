@@ -63,6 +63,10 @@ def test_summary_separates_policy_drops_from_dead_letters(
 ) -> None:
     figures = DatasetFigures(samples=37, tokens=900, loss_tokens=400, shards=3, replaced=2)
     figures.compared, figures.drifted, figures.truncated = 37, 4, 2
+    figures.drift_causes = Counter(
+        {f"turn: server '{i}' vs rendered 'x'": 1 for i in range(5)}
+        | {"prompt: server '<|im_end|>' vs rendered '<|im_start|>'": 3}
+    )
     # the version's own drops come from its markers, once each
     figures.drops = {f"p{i}": "policy_length" for i in range(5)}
     figures.drops |= {"q0": "policy_unclosed_think", "q1": "policy_unclosed_think"}
@@ -77,6 +81,13 @@ def test_summary_separates_policy_drops_from_dead_letters(
     print_summary(RunResult(figures, tally, 40, 1.5), "s3://b/ds", Path("w"))
     out = capsys.readouterr().out
     assert "drift        4 of 37 compared samples (10.8%)" in out
+    # the most frequent causes first, five at most
+    assert (
+        "differ from the template's rendering\n"
+        "    prompt: server '<|im_end|>' vs rendered '<|im_start|>': 3\n"
+        "    turn: server '0' vs rendered 'x': 1\n"
+    ) in out
+    assert "server '3' vs" in out and "server '4' vs" not in out
     assert "truncated    2 samples cut to --max-seq-len" in out
     assert "replaced     2 earlier answers" in out
     assert "policy drops 7 (by the sample policy, not failures)" in out

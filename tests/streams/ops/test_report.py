@@ -5,6 +5,7 @@ rest "not recorded"), the files it writes, and the HTML page rendered by headles
 from __future__ import annotations
 
 import base64
+import html
 import io
 import re
 import shutil
@@ -34,6 +35,7 @@ from streams.ops.report import (
 
 CLOSE = 9  # the </think> id of these hand-made samples
 REPO = Path(__file__).resolve().parents[3]
+TURN = "turn: server '<|im_end|>' vs rendered (end)"
 
 
 def row(pid: str, prompt: int, reasoning: int, answer: int, **extra: Any) -> SampleRow:
@@ -88,7 +90,16 @@ def store(tmp_path: Path) -> ShardStore:
         2,
         [
             row("a", 5, 4, 3, drift=False),
-            row("b", 2, 0, 6, source="code", finish_reason="tool_calls", drift=True),
+            row(
+                "b",
+                2,
+                0,
+                6,
+                source="code",
+                finish_reason="tool_calls",
+                drift=True,
+                drift_cause=TURN,
+            ),
             row("c", 3, 10, 1, drift=False, truncated=True),
         ],
     )
@@ -110,7 +121,7 @@ def test_the_report_counts_what_the_shards_and_markers_hold(store: ShardStore) -
     assert lengths["reasoning"]["count"] == 3 and lengths["reasoning"]["max"] == 10
     assert sum(lengths["total"]["histogram"]["counts"]) == 4
     assert report["reasoning_split"]["samples_without_think_close"] == 1
-    assert report["drift"] == {"compared": 4, "drifted": 1, "rate": 0.25}
+    assert report["drift"] == {"compared": 4, "drifted": 1, "rate": 0.25, "causes": {TURN: 1}}
     assert report["truncated"] == 1
     assert report["duplicates"]["duplicate_ids_in_version"] == 0
     # neither sealed nor given a broker: drops, errors and removed duplicates are unknown
@@ -186,6 +197,7 @@ def test_the_command_writes_json_pngs_and_a_self_contained_page(
         assert image.width > 300 and image.getextrema()[0] < 128  # something dark is drawn
     assert not re.search(r"(src|href)=\"(?!data:)", page)  # nothing fetched from elsewhere
     assert "<script" not in page
+    assert f"<td>{html.escape(TURN)}</td><td>1</td>" in page  # the drift causes' table
     # the recorded tokenizer directory is not on this machine: the split is not computed
     assert main([*argv[:-1], str(tmp_path / "second")]) == 0
     second = orjson.loads((tmp_path / "second" / "report.json").read_bytes())

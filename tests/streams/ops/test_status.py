@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from sinks.shards import SampleRow, ShardStore
 from streams.cli.flags import build
 from streams.cli.main import build_parser
 from streams.core.errors import CliError
 from streams.core.settings import WORKER_STATS, KafkaSettings, ObserveSettings, StatusSettings
 from streams.core.topics import _PARTITIONS, topic_configs
 from streams.ops.heartbeat import Heartbeat, HeartbeatReader, RateWindow
+from streams.ops.status import StatusProbe
 from streams.ops.status_view import (
     FORGET_AFTER_S,
     DatasetRow,
@@ -213,6 +217,9 @@ def test_tokenizer_rows() -> None:
 # -- rendering -----------------------------------------------------------------------------------
 
 
+CAUSE = "turn: server '\\n' vs rendered '\\n\\n'"
+
+
 def snapshot() -> StatusSnapshot:
     return StatusSnapshot(
         time=NOW,
@@ -221,7 +228,7 @@ def snapshot() -> StatusSnapshot:
         published=1234,
         completions=1000,
         out="s3://bucket/out",
-        datasets=[DatasetRow("k26-v1", 990, 1_234_567, 654_321, 12, 0)],
+        datasets=[DatasetRow("k26-v1", 990, 1_234_567, 654_321, 12, 0, 900, 3, {CAUSE: 3})],
         dead_letters={("generate", "context_too_long"): 8, ("tokenize", "bad_tool_call"): 2},
         groups=[group_lag("p-draftgen-generate", "prompts", {0: 1000}, {0: 0}, {0: 1234})],
         servers=server_rows(
@@ -270,6 +277,7 @@ def test_json_shape() -> None:
     data = to_json(snapshot())
     assert data["prompts"]["published"] == 1234 and data["completions"] == 1000
     assert data["datasets"]["k26-v1"]["tokens"] == 1_234_567
+    assert data["datasets"]["k26-v1"]["drift_causes"] == {CAUSE: 3}
     assert data["dead_letters"] == {
         "total": 10,
         "by_stage": {"generate": {"context_too_long": 8}, "tokenize": {"bad_tool_call": 2}},
@@ -338,3 +346,15 @@ def test_worker_stats_topic_is_compacted_with_one_partition() -> None:
     kafka = KafkaSettings(bootstrap="k:9092", partitions=64)
     assert topic_configs(kafka)[WORKER_STATS]["cleanup.policy"] == "compact"
     assert _PARTITIONS[WORKER_STATS] == 1
+
+
+def test_dataset_rows_carry_the_drift_causes(tmp_path: Path) -> None:
+    store = ShardStore(str(tmp_path), "v1")
+    rows = [SampleRow(p, "s", [1, 2], [0, 1], "stop", "server", drift=False) for p in "abc"]
+    rows[0].drift, rows[0].drift_cause = True, CAUSE
+    store.write_shard(0, 0, 2, rows)
+    settings = StatusSettings(
+        kafka=KafkaSettings(bootstrap="b:1"), out=str(tmp_path), datasets=["v1"]
+    )
+    [row] = StatusProbe(settings)._datasets()  # the markers only, no broker
+    assert (row.compared, row.drifted, row.drift_causes) == (3, 1, {CAUSE: 1})

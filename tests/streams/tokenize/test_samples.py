@@ -16,7 +16,13 @@ from hypothesis import strategies as st
 
 from streams.core.families import FamilyProfile, detect_family
 from streams.core.records import CompletionRecord
-from streams.tokenize.samples import Sample, SampleBuilder, SampleError, template_tools
+from streams.tokenize.samples import (
+    DriftCause,
+    Sample,
+    SampleBuilder,
+    SampleError,
+    template_tools,
+)
 
 FAMILIES = ("qwen36", "kimi_k26")
 SETTINGS = settings(
@@ -481,10 +487,75 @@ def test_drift_is_measured_against_the_rendering(fam: Family, data: st.DataObjec
     assert sample.input_ids == completion.prompt_token_ids + output  # still the server's
     assert sample.drift is True
     assert sample.drift_position == len(completion.prompt_token_ids) + position
+    assert sample.drift_cause is not None and sample.drift_cause.side == "turn"
+    assert sample.drift_cause.position == sample.drift_position
 
     rendered = fam.builder(prefer="rendered").build(drifted)
     assert rendered.token_source == "rendered" and rendered.drift is True
     assert rendered.input_ids == completion.prompt_token_ids + completion.output_token_ids
+
+
+def _one_token(fam: Family, text: str) -> int:
+    ids = encode(fam, text)
+    assert len(ids) == 1, ids
+    return ids[0]
+
+
+def _drifted(fam: Family) -> tuple[CompletionRecord, list[int], list[int]]:
+    completion = CompletionRecord(
+        prompt_id="p",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        reasoning_content="The capital is Paris.",
+        content="Paris.",
+        finish_reason="stop",
+    )
+    completion = _with_server_ids(fam, completion)
+    assert completion.prompt_token_ids and completion.output_token_ids
+    return completion, list(completion.prompt_token_ids), list(completion.output_token_ids)
+
+
+def test_prompt_drift_names_the_prompt_and_the_tokens(fam: Family) -> None:
+    completion, prompt, _ = _drifted(fam)
+    im_end = _one_token(fam, "<|im_end|>")
+    at = prompt.index(im_end)  # the end of the user's turn
+    prompt[at] = _one_token(fam, "</think>")  # the server's prompt has another token there
+    sample = fam.builder().build(replace(completion, prompt_token_ids=prompt))
+    assert sample.drift_cause == DriftCause("prompt", at, "'</think>'", "'<|im_end|>'")
+    assert str(sample.drift_cause) == f"prompt: at {at} server '</think>' vs rendered '<|im_end|>'"
+    assert sample.drift_cause.key == "prompt: server '</think>' vs rendered '<|im_end|>'"
+
+
+def test_turn_drift_names_the_turn_and_the_tokens(fam: Family) -> None:
+    completion, prompt, output = _drifted(fam)
+    original = output[1]
+    output[1] = _one_token(fam, "\n")
+    sample = fam.builder().build(replace(completion, output_token_ids=output))
+    rendered = repr(fam.tokenizer.decode([original]))
+    assert sample.drift_cause == DriftCause("turn", len(prompt) + 1, "'\\n'", rendered)
+    assert sample.drift_cause.key == f"turn: server '\\n' vs rendered {rendered}"
+
+
+def test_a_missing_end_of_turn_is_a_length_drift(fam: Family) -> None:
+    completion, prompt, output = _drifted(fam)
+    assert output[-1] == _one_token(fam, "<|im_end|>")
+    sample = fam.builder().build(replace(completion, output_token_ids=output[:-1]))
+    cause = sample.drift_cause
+    assert cause == DriftCause("turn", len(prompt) + len(output) - 1, None, "'<|im_end|>'")
+    assert cause.key == "turn length: server (end) vs rendered '<|im_end|>'"
+
+
+def test_a_long_token_is_cut_and_same_texts_show_their_ids(fam: Family) -> None:
+    class Decoder:
+        def decode(self, ids: list[int]) -> str:
+            return "x" * 100 if ids[0] == 1 else "\ufffd"
+
+    builder = fam.builder()
+    builder.tokenizer = Decoder()
+    long = builder._drift_cause(([1, 5], [9]), ([2, 5, 9], 2))
+    assert long.side == "prompt" and long.position == 0
+    assert long.server is not None and len(long.server) == 40 and long.server.endswith("…")
+    same = builder._drift_cause(([1, 5], [3]), ([1, 5, 4], 2))
+    assert (same.server, same.rendered) == ("'\ufffd' #3", "'\ufffd' #4")
 
 
 def test_server_ids_skip_rendering_when_drift_is_off(fam: Family) -> None:

@@ -17,7 +17,7 @@ from sinks.shards import ShardStore
 from streams.core.crash_guard import CrashGuard
 from streams.core.records import CompletionRecord, DeadLetter
 from streams.core.retry import Backoff
-from streams.tokenize.samples import Sample, SampleBuilder, SampleError
+from streams.tokenize.samples import DriftCause, Sample, SampleBuilder, SampleError
 from streams.tokenize.stage import TokenizeWorker
 from tests.bad_records import BAD_SHAPES, COMPLETION_FIELDS, completion_dict, with_field
 
@@ -56,9 +56,12 @@ class Settings:
     max_open_bytes: int = 1 << 30
 
 
+CAUSE = DriftCause("turn", 3, "'\\n'", "'\\n\\n'")
+
+
 class FakeBuilder:
     """Server ids as the sample; a completion whose content is "bad" cannot be built, one whose
-    content is "long" is dropped by the sample policy."""
+    content is "long" is dropped by the sample policy; one from server "d" drifted (CAUSE)."""
 
     def __init__(self) -> None:
         self.batches: list[list[str]] = []
@@ -77,7 +80,9 @@ class FakeBuilder:
                 raise RuntimeError("a bug in the builder")
             prompt, output = completion.prompt_token_ids or [], completion.output_token_ids or []
             mask = [0] * len(prompt) + [1] * len(output)
-            results.append(Sample(prompt + output, mask, "server", drift=completion.server == "d"))
+            sample = Sample(prompt + output, mask, "server", drift=completion.server == "d")
+            sample.drift_cause = CAUSE if sample.drift else None
+            results.append(sample)
         return results
 
 
@@ -301,6 +306,8 @@ def test_stats_count_a_window_once_it_is_committed(tmp_path: Path) -> None:
     assert (stats.samples, stats.tokens, stats.loss_tokens, stats.shards) == (2, 10, 6, 1)
     assert (stats.dead_letters, stats.compared, stats.drifted) == (1, 2, 1)
     assert stage.acks() == [0, 1, 2, 3]
+    # the marker counts the causes of the rows it holds (the replaced answer is not one)
+    assert [m.drift_causes for m in stage.store.markers()] == [{CAUSE.key: 1}]
 
 
 def test_open_windows_are_flushed_to_stay_within_the_memory_budget(tmp_path: Path) -> None:

@@ -1,0 +1,26 @@
+"""Dataset figures: what the committed markers of a version add up to."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sinks.shards import SampleRow, ShardStore
+from streams.ops.progress import dataset_figures
+
+PROMPT = "prompt: server '</think>' vs rendered '<|im_end|>'"
+TURN = "turn: server '\\n' vs rendered '\\n\\n'"
+
+
+def row(pid: str, cause: str | None = None) -> SampleRow:
+    return SampleRow(
+        pid, "s", [1, 2, 3], [0, 1, 1], "stop", "server", drift=bool(cause), drift_cause=cause
+    )
+
+
+def test_figures_sum_the_drift_causes_of_the_markers(tmp_path: Path) -> None:
+    store = ShardStore(str(tmp_path), "v1")
+    store.write_shard(0, 0, 2, [row("a", PROMPT), row("b", TURN), row("c")])
+    store.write_shard(1, 0, 1, [row("d", TURN), row("e", TURN)])
+    figures = dataset_figures(store)
+    assert (figures.compared, figures.drifted) == (5, 4)
+    assert figures.drift_causes.most_common() == [(TURN, 3), (PROMPT, 1)]
