@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 import time
 from collections import Counter
@@ -18,6 +19,7 @@ from streams.cli.flags import add_flags, build
 from streams.cli.publish import source_specs
 from streams.core.errors import CliError
 from streams.core.records import POLICY_PREFIX, is_policy_drop
+from streams.core.retry import Backoff, until_done
 from streams.core.settings import (
     GenerateSettings,
     KafkaSettings,
@@ -46,6 +48,11 @@ def bundled_tokenizer_dir() -> Path:
     return Path(compose.__file__).parent / "assets" / "qwen36-tiny"
 
 
+log = logging.getLogger(__name__)
+# polling progress: retried quickly, the run's timeout bounds it
+STORAGE_BACKOFF = Backoff(initial_s=0.5, max_s=5.0)
+
+
 @dataclass
 class RunResult:
     figures: DatasetFigures
@@ -68,7 +75,19 @@ async def wait_until_done(
     reader = DeadLetterReader(kafka)
     try:
         while True:
-            figures = await asyncio.to_thread(dataset_figures, store)
+            # storage may be down or just back (a restarted S3 answers 500 for a moment): the
+            # workers wait that out, and so does the wait for them, within the run's timeout
+            reading = until_done(
+                "reading the dataset's progress",
+                lambda: asyncio.to_thread(dataset_figures, store),
+                STORAGE_BACKOFF,
+                log,
+            )
+            remaining = timeout_s - (time.monotonic() - started)
+            try:
+                figures = await asyncio.wait_for(reading, timeout=max(remaining, 1.0))
+            except TimeoutError:
+                raise RunFailed(f"not done after {timeout_s:.0f}s: storage unreadable") from None
             tally = await reader.poll()
             upstream = tally.ids_before(TOKENIZE_STAGE)
             # every-turn conversations are done when each of their turns is
