@@ -344,25 +344,37 @@ def _kimi_call_id(call: Mapping[str, Any], function: Mapping[str, Any], index: i
 
 
 def _qwen_turn(generated: Message, profile: FamilyProfile, completion: CompletionRecord) -> str:
-    """`{reasoning}\\n</think>\\n\\n{content}<tool_call>…<|im_end|>`, trimmed like the template."""
+    """`{reasoning}\n</think>\n\n{content}<tool_call>…<|im_end|>`.
+
+    SGLang's reasoning parser splits the output at `</think>` and strips nothing, so its
+    content starts with the newlines the model wrote after `</think>` and its reasoning ends
+    with the one before: such a turn is the model's text verbatim (whitespace, an empty or
+    absent reasoning, `</think>` in the content, all as written). A trimmed record (older
+    servers strip, datasets) gets the template's separators and trimming instead.
+    """
     reasoning, content, finished = _turn_parts(generated, completion)
     head = "" if profile.prefills_think else profile.think_open + "\n"
     if _in_reasoning(content, generated, finished):
         return head + (reasoning or "")
-    content = content.strip()
-    if reasoning is None and profile.think_close in content:
-        # the template splits an inline think block out of the content
-        parts = content.split(profile.think_close)
-        reasoning = parts[0].split(profile.think_open)[-1]
-        content = parts[-1].lstrip("\n")
-    text = head + (reasoning or "").strip() + f"\n{profile.think_close}\n\n" + content
+    close = profile.think_close
+    verbatim = content.startswith("\n")
+    if verbatim:
+        text = head + (reasoning or "") + close + content
+    else:
+        content = content.strip()
+        if reasoning is None and close in content:
+            # the template splits an inline think block out of the content
+            parts = content.split(close)
+            reasoning = parts[0].split(profile.think_open)[-1]
+            content = parts[-1].lstrip("\n")
+        text = head + (reasoning or "").strip() + f"\n{close}\n\n" + content
     for position, call in enumerate(generated.get("tool_calls") or []):
         function = _function(call)
-        if position == 0:
-            text += "\n\n<tool_call>" if content.strip() else "<tool_call>"
-        else:
-            text += "\n<tool_call>"
-        text += f"\n<function={function.get('name', '')}>\n"
+        if position:
+            text += "\n"
+        elif content.strip() and not verbatim:  # a verbatim content holds its separator
+            text += "\n\n"
+        text += f"<tool_call>\n<function={function.get('name', '')}>\n"
         arguments = function.get("arguments") or {}
         for name, value in arguments.items():
             value_text = _qwen_value(value, profile.tool_args_json)
