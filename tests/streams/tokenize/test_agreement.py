@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from aiohttp.test_utils import TestServer
@@ -243,9 +244,12 @@ def targets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Target]:
     return {name: Target(name, d, EmulatedModel(d), load_tokenizer(d)) for name, d in dirs.items()}
 
 
-def generate(target: Target, case: Case, text: str, max_tokens: int, tmp: Path) -> CompletionRecord:
-    """One chat completion through the generate client against the emulated server, and the
-    record as the completions topic carries it."""
+def generate(
+    target: Target, case: Case, text: str, max_tokens: int, tmp: Path, api: str = "chat"
+) -> CompletionRecord:
+    """One completion through the generate client against the emulated server (its chat
+    endpoint, or `--api native`: /generate with ids rendered here), and the record as the
+    completions topic carries it."""
     marker = case.messages[-1]["content"] if case.messages[-1]["role"] == "user" else "Oslo"
     script = tmp / "script.jsonl"
     script.write_text(json.dumps({"match": marker.strip(), "output": text}) + "\n")
@@ -256,14 +260,19 @@ def generate(target: Target, case: Case, text: str, max_tokens: int, tmp: Path) 
     async def run() -> CompletionRecord:
         server = TestServer(build_app(settings, target.model), host="127.0.0.1")
         await server.start_server()
+        # `--api native` loads the target tokenizer: reuse the loaded one (seconds each)
+        reuse = mock.patch("streams.generate.client.load_tokenizer", return_value=target.loaded)
         try:
-            client = SGLangClient(
-                GenerateSettings(
-                    server=str(server.make_url("")).rstrip("/"),
-                    kafka=KafkaSettings(bootstrap="127.0.0.1:9"),
-                    sampling=SamplingSettings(max_tokens=max_tokens),
+            with reuse:
+                client = SGLangClient(
+                    GenerateSettings(
+                        server=str(server.make_url("")).rstrip("/"),
+                        kafka=KafkaSettings(bootstrap="127.0.0.1:9"),
+                        sampling=SamplingSettings(max_tokens=max_tokens),
+                        api=api,
+                        tokenizer_dir=str(target.directory) if api == "native" else None,
+                    )
                 )
-            )
             try:
                 await client.discover()
                 await client.probe_ids()
@@ -299,16 +308,17 @@ def build(target: Target, record: CompletionRecord, prefer: str) -> Sample:
 
 
 @pytest.mark.parametrize("case_name", sorted(CASES))
+@pytest.mark.parametrize("api", ["chat", "native"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_rendered_ids_equal_server_ids(
-    targets: dict[str, Target], family: str, case_name: str, tmp_path: Path
+    targets: dict[str, Target], family: str, api: str, case_name: str, tmp_path: Path
 ) -> None:
     target, case = targets[family], CASES[case_name]
     history = sum(len(m.get("tool_calls") or []) for m in case.messages)
     text = model_text(family, case, history)
     written = target.written(text)
     max_tokens = cut_at(target, case, written) if case.cut else len(written) + 8
-    record = generate(target, case, text, max_tokens, tmp_path)
+    record = generate(target, case, text, max_tokens, tmp_path, api)
 
     # the server "sampled" the scripted text, cut where asked
     assert record.output_token_ids == written[:max_tokens]
