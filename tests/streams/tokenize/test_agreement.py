@@ -24,7 +24,7 @@ from compose.emulator import EmulatorSettings, build_app
 from compose.emulator.model import EmulatedModel
 from compose.tiny_tokenizers import build_kimi_k26_tokenizer, build_qwen36_tokenizer
 from streams.core.records import CompletionRecord, PromptRecord
-from streams.core.settings import GenerateSettings, KafkaSettings, SamplingSettings
+from streams.core.settings import GenerateApi, GenerateSettings, KafkaSettings, SamplingSettings
 from streams.core.tokenizers import LoadedTokenizer, load_tokenizer
 from streams.generate.client import SGLangClient
 from streams.tokenize.samples import Sample, SampleBuilder, SampleError
@@ -245,7 +245,7 @@ def targets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Target]:
 
 
 def generate(
-    target: Target, case: Case, text: str, max_tokens: int, tmp: Path, api: str = "chat"
+    target: Target, case: Case, text: str, max_tokens: int, tmp: Path, api: GenerateApi = "chat"
 ) -> CompletionRecord:
     """One completion through the generate client against the emulated server (its chat
     endpoint, or `--api native`: /generate with ids rendered here), and the record as the
@@ -311,7 +311,7 @@ def build(target: Target, record: CompletionRecord, prefer: str) -> Sample:
 @pytest.mark.parametrize("api", ["chat", "native"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_rendered_ids_equal_server_ids(
-    targets: dict[str, Target], family: str, api: str, case_name: str, tmp_path: Path
+    targets: dict[str, Target], family: str, api: GenerateApi, case_name: str, tmp_path: Path
 ) -> None:
     target, case = targets[family], CASES[case_name]
     history = sum(len(m.get("tool_calls") or []) for m in case.messages)
