@@ -7,8 +7,10 @@ Two token sources (see DESIGN.md, "Tokens and loss masks"):
 - ``rendered``: the prompt rendered by the target's chat template with the generation prompt
   and thinking on, followed by the generated turn rendered in the family's own format. The
   turn is appended rather than rendered by the template because templates blank or trim
-  history reasoning; appending keeps the final reasoning exactly. The mask is 1 exactly over
-  the turn, end-of-turn token included.
+  history reasoning; appending keeps the final reasoning exactly (for Qwen, the model's own
+  whitespace too, when the record has it: `_qwen_turn`). The mask is 1 exactly over the turn,
+  end-of-turn token included. tests/streams/tokenize/test_agreement.py checks that the
+  rendered ids equal the server's on the cases that matter.
 
 The rendered sample is ``ids(prompt) + ids(turn)``, each encoded on its own, as at inference:
 the server encodes the prompt alone and the model then samples the turn's tokens. Encoding
