@@ -384,3 +384,22 @@ def test_cut_inside_a_character_is_drift_not_an_error(
 @pytest.fixture(params=FAMILIES)
 def family(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+def test_cut_right_after_the_think_close_is_drift_not_an_error(
+    targets: dict[str, Target], family: str, tmp_path: Path
+) -> None:
+    """A cut just after `</think>` leaves an empty content, which the record cannot tell from a
+    cut inside the reasoning: the rendered turn stops before `</think>`. The sample keeps the
+    server's ids, the drift shows at that last token, and nothing is dropped."""
+    target = targets[family]
+    case = Case([user("Think, then stop.")], reasoning="Thinking done.")
+    text = model_text(family, case, 0)
+    written = target.written(text)
+    cut = written.index(target.model.special.think_close or -1) + 1
+    record = generate(target, case, text, cut, tmp_path)
+    assert record.finish_reason == "length" and not record.content.strip()
+    served = build(target, record, "server")
+    assert served.drift and served.drift_position == len(served.input_ids) - 1
+    rendered = build(target, record, "rendered")
+    assert rendered.input_ids == served.input_ids[:-1]
