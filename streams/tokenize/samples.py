@@ -103,10 +103,8 @@ class SampleBuilder:
         self.measure_drift = measure_drift
         self.min_loss_tokens = min_loss_tokens
         # Every kwarg explicit: Kimi's remote code defaults add_generation_prompt=True.
-        self._template_kwargs: dict[str, Any] = {
-            **profile.template_kwargs(thinking=True),
-            **(template_kwargs or {}),
-        }
+        self._default_kwargs = profile.template_kwargs(thinking=True)
+        self._explicit_kwargs = dict(template_kwargs or {})
         self._vocab_size = len(tokenizer)
 
     # -- public ---------------------------------------------------------------------------
@@ -143,14 +141,27 @@ class SampleBuilder:
         messages = [self._prepare(m) for m in completion.messages]
         generated = self._prepare(completion.generated_message())
         tools = template_tools(completion.tools)
-        prompt = self._apply_template(messages, tools, add_generation_prompt=True)
+        kwargs = self._kwargs(completion)
+        # a run with thinking off (`--no-thinking`): the prompt closes the think block itself
+        thinking = not (
+            self.profile.thinking_kwarg and kwargs.get(self.profile.thinking_kwarg) is False
+        )
+        prompt = self._apply_template(messages, tools, kwargs, add_generation_prompt=True)
         if self.profile.name == "kimi_k2":
-            turn = _kimi_turn(generated, self.profile, completion, _count_calls(messages))
+            calls = _count_calls(messages)
+            turn = _kimi_turn(generated, self.profile, completion, calls, thinking)
         elif self.profile.name == "qwen3":
-            turn = _qwen_turn(generated, self.profile, completion)
+            turn = _qwen_turn(generated, self.profile, completion, thinking)
         else:
-            turn = self._template_turn(messages, generated, tools, prompt)
+            turn = self._template_turn(messages, generated, tools, kwargs, prompt)
         return RenderedText(prompt, turn)
+
+    def _kwargs(self, completion: CompletionRecord) -> dict[str, Any]:
+        """The template kwargs the server rendered the prompt with (the record's sampling
+        says), over the family's defaults; the builder's own kwargs win."""
+        sent = (completion.sampling or {}).get("chat_template_kwargs")
+        sent = sent if isinstance(sent, Mapping) else {}
+        return {**self._default_kwargs, **sent, **self._explicit_kwargs}
 
     # -- rendering ------------------------------------------------------------------------
 
@@ -165,6 +176,7 @@ class SampleBuilder:
         self,
         messages: list[Message],
         tools: list[dict[str, Any]] | None,
+        kwargs: Mapping[str, Any],
         *,
         add_generation_prompt: bool,
     ) -> str:
@@ -174,7 +186,7 @@ class SampleBuilder:
                 tools=tools or None,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
-                **self._template_kwargs,
+                **kwargs,
             )
         except Exception as err:  # jinja errors, raise_exception(), bad message shapes
             raise SampleError("template_error", f"{type(err).__name__}: {err}") from None
@@ -187,12 +199,15 @@ class SampleBuilder:
         messages: list[Message],
         generated: Message,
         tools: list[dict[str, Any]] | None,
+        kwargs: Mapping[str, Any],
         prompt: str,
     ) -> str:
         """Unknown family: the template's rendering of the finished conversation past the
         prompt (the generation prompt must reappear verbatim, else the turn is unknowable)."""
-        bare = self._apply_template(messages, tools, add_generation_prompt=False)
-        full = self._apply_template([*messages, generated], tools, add_generation_prompt=False)
+        bare = self._apply_template(messages, tools, kwargs, add_generation_prompt=False)
+        full = self._apply_template(
+            [*messages, generated], tools, kwargs, add_generation_prompt=False
+        )
         if not (prompt.startswith(bare) and full.startswith(prompt)):
             raise SampleError(
                 "prefix_mismatch", "the rendered conversation does not extend the prompt"
@@ -312,14 +327,23 @@ def _in_reasoning(content: str, generated: Message, finished: bool) -> bool:
 
 
 def _kimi_turn(
-    generated: Message, profile: FamilyProfile, completion: CompletionRecord, calls_before: int
+    generated: Message,
+    profile: FamilyProfile,
+    completion: CompletionRecord,
+    calls_before: int,
+    thinking: bool = True,
 ) -> str:
-    """`{reasoning}</think>{content}<|tool_calls_section_begin|>…<|im_end|>` (K2.5/K2.6)."""
+    """`{reasoning}</think>{content}<|tool_calls_section_begin|>…<|im_end|>` (K2.5/K2.6);
+    with thinking off the prompt closed the think block: `{content}…<|im_end|>`."""
     reasoning, content, finished = _turn_parts(generated, completion)
     head = "" if profile.prefills_think else profile.think_open
-    if _in_reasoning(content, generated, finished):
+    if not thinking:
+        # a parser that forced reasoning on it put the model's text in the reasoning
+        text = (reasoning or "") + content
+    elif _in_reasoning(content, generated, finished):
         return head + (reasoning or "")
-    text = head + (reasoning or "") + profile.think_close + content
+    else:
+        text = head + (reasoning or "") + profile.think_close + content
     calls = generated.get("tool_calls") or []
     if calls:
         text += "<|tool_calls_section_begin|>"
@@ -345,8 +369,11 @@ def _kimi_call_id(call: Mapping[str, Any], function: Mapping[str, Any], index: i
     return f"functions.{function.get('name', '')}:{index}"
 
 
-def _qwen_turn(generated: Message, profile: FamilyProfile, completion: CompletionRecord) -> str:
-    """`{reasoning}\n</think>\n\n{content}<tool_call>…<|im_end|>`.
+def _qwen_turn(
+    generated: Message, profile: FamilyProfile, completion: CompletionRecord, thinking: bool = True
+) -> str:
+    """`{reasoning}\n</think>\n\n{content}<tool_call>…<|im_end|>`; with thinking off the prompt
+    closed the think block: `{content}<tool_call>…<|im_end|>`, as written.
 
     SGLang's reasoning parser splits the output at `</think>` and strips nothing, so its
     content starts with the newlines the model wrote after `</think>` and its reasoning ends
@@ -356,11 +383,17 @@ def _qwen_turn(generated: Message, profile: FamilyProfile, completion: Completio
     """
     reasoning, content, finished = _turn_parts(generated, completion)
     head = "" if profile.prefills_think else profile.think_open + "\n"
-    if _in_reasoning(content, generated, finished):
-        return head + (reasoning or "")
     close = profile.think_close
     verbatim = content.startswith("\n")
-    if verbatim:
+    if not thinking:
+        # a parser that forced reasoning on it put the model's text in the reasoning
+        content = (reasoning or "") + content
+        # the separator before a tool call is in the content unless a server trimmed it
+        verbatim = content.endswith("\n")
+        text = content
+    elif _in_reasoning(content, generated, finished):
+        return head + (reasoning or "")
+    elif verbatim:
         text = head + (reasoning or "") + close + content
     else:
         content = content.strip()

@@ -81,6 +81,8 @@ class Case:
     tools: list[dict[str, Any]] | None = None
     # where a length limit cuts the output: None, "reasoning" or "answer"
     cut: str | None = None
+    # generated with thinking off (`--no-thinking`): the prompt closes the think block
+    thinking: bool = True
 
 
 def user(text: str) -> dict[str, Any]:
@@ -177,6 +179,15 @@ CASES: dict[str, Case] = {
         reasoning="First I consider the problem carefully, then I check every case twice.",
         cut="reasoning",
     ),
+    "thinking_off": Case([user("Just answer.")], reasoning=None, thinking=False),
+    "thinking_off_tool_call": Case(
+        [user("Weather in Lima?")],
+        reasoning=None,
+        content="Looking it up.",
+        calls=[("get_weather", {"city": "Lima", "days": 1})],
+        tools=TOOLS,
+        thinking=False,
+    ),
     "cut_in_answer": Case(
         [user("Answer at length.")],
         content="The answer takes a while to write out in full, sentence after sentence.",
@@ -192,6 +203,7 @@ def model_text(family: str, case: Case, history_calls: int) -> str:
     if family == "qwen36":
         # `{reasoning}\n</think>\n\n{content}`; closing at once writes no newline before it
         text = "</think>\n\n" if case.reasoning is None else f"{case.reasoning}\n</think>\n\n"
+        text = text if case.thinking else ""
         text += case.content
         for index, (name, arguments) in enumerate(case.calls):
             text += "\n" if index else ("\n\n" if case.content.strip() else "")
@@ -201,7 +213,8 @@ def model_text(family: str, case: Case, history_calls: int) -> str:
                 text += f"<parameter={key}>\n{printed}\n</parameter>\n"
             text += "</function>\n</tool_call>"
         return text
-    text = f"{case.reasoning or ''}</think>{case.content}"
+    text = f"{case.reasoning or ''}</think>" if case.thinking else ""
+    text += case.content
     if case.calls:
         text += "<|tool_calls_section_begin|>"
         for index, (name, arguments) in enumerate(case.calls, start=history_calls):
@@ -269,6 +282,7 @@ def generate(
                         server=str(server.make_url("")).rstrip("/"),
                         kafka=KafkaSettings(bootstrap="127.0.0.1:9"),
                         sampling=SamplingSettings(max_tokens=max_tokens),
+                        thinking=case.thinking,
                         api=api,
                         tokenizer_dir=str(target.directory) if api == "native" else None,
                     )
