@@ -5,7 +5,8 @@ Two token sources (see DESIGN.md, "Tokens and loss masks"):
 - ``server``: the ids the target produced, ``prompt_token_ids + output_token_ids``; the loss
   mask is 0 over the prompt (including a prefilled ``<think>``) and 1 over the output.
 - ``rendered``: the prompt rendered by the target's chat template with the generation prompt
-  and thinking on, followed by the generated turn rendered in the family's own format. The
+  and the thinking the server was asked for (the record's ``chat_template_kwargs``; on when
+  it has none), followed by the generated turn rendered in the family's own format. The
   turn is appended rather than rendered by the template because templates blank or trim
   history reasoning; appending keeps the final reasoning exactly (for Qwen, the model's own
   whitespace too, when the record has it: `_qwen_turn`). The mask is 1 exactly over the turn,
@@ -372,8 +373,8 @@ def _kimi_call_id(call: Mapping[str, Any], function: Mapping[str, Any], index: i
 def _qwen_turn(
     generated: Message, profile: FamilyProfile, completion: CompletionRecord, thinking: bool = True
 ) -> str:
-    """`{reasoning}\n</think>\n\n{content}<tool_call>…<|im_end|>`; with thinking off the prompt
-    closed the think block: `{content}<tool_call>…<|im_end|>`, as written.
+    """`{reasoning}\\n</think>\\n\\n{content}<tool_call>…<|im_end|>`; with thinking off the
+    prompt closed the think block: `{content}<tool_call>…<|im_end|>`, as written.
 
     SGLang's reasoning parser splits the output at `</think>` and strips nothing, so its
     content starts with the newlines the model wrote after `</think>` and its reasoning ends
