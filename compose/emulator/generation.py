@@ -3,15 +3,21 @@
 The text is built first (thinking, `</think>`, answer or tool call), then encoded canonically and
 ended with the end-of-turn token. Every choice is seeded by a hash of the rendered prompt and the
 emulator's seed, so the same prompt always gets the same output.
+
+A script (`--script`) gives the text for chosen prompts instead: the model "samples" the
+canonical encoding of that text, then its end-of-turn token, and `max_new_tokens` cuts it as
+usual. Tests use it to check the pipeline on outputs they choose.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import random
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from compose.emulator import textgen, toolcalls
@@ -75,6 +81,7 @@ class Generator:
         self._open_cost = self._count(self._open_text)
         self._close_cost = self._count(self._close_text)
         self._split_cache: dict[int, list[int] | None] = {}
+        self._script = load_script(settings.script) if settings.script else []
 
     def _count(self, text: str) -> int:
         return len(self.model.encode(text))
@@ -87,6 +94,10 @@ class Generator:
         mode = think_mode(prompt, family.think_open, family.think_close, request.thinking)
         if not family.thinking_kwarg and mode is ThinkMode.OPENS:
             mode = ThinkMode.OFF  # a generic model has no thinking format
+        scripted = self._scripted(prompt)
+        if scripted is not None:
+            ids = self.model.encode(scripted)
+            return self._finish(ids, request, mode, False, False)
         drift = prompt_unit(s.seed, prompt, "drift") < s.drift_rate
         tool_call = bool(request.tools) and prompt_unit(s.seed, prompt, "tool") < s.tool_call_rate
         if tool_call and not toolcalls.tool_start_token(family.name):
@@ -118,10 +129,21 @@ class Generator:
         ids = self.model.encode(text)
         if drift:
             ids = self._drift(ids, rng)
+        return self._finish(ids, request, mode, drift, tool_call)
+
+    def _finish(
+        self,
+        ids: list[int],
+        request: GenerationRequest,
+        mode: ThinkMode,
+        drift: bool,
+        tool_call: bool,
+    ) -> Generation:
+        """The end-of-turn token, then the length limit."""
+        s = self.settings
         eot = self.model.special.eot
         if eot is not None:
-            ids.append(eot)
-
+            ids = [*ids, eot]
         limit = request.max_new_tokens
         if limit is None:  # SGLang's default: whatever the context leaves
             limit = max(1, s.max_model_len - request.prompt_len)
@@ -131,6 +153,12 @@ class Generator:
         return Generation(ids, "stop", eot, mode, drift, tool_call)
 
     # -- pieces -----------------------------------------------------------------------------
+
+    def _scripted(self, prompt: str) -> str | None:
+        for match, output in self._script:
+            if match in prompt:
+                return output
+        return None
 
     def _output_length(self, rng: random.Random) -> int:
         s = self.settings
@@ -179,3 +207,16 @@ class Generator:
                 split = pieces
         self._split_cache[token] = split
         return split
+
+
+def load_script(path: Path) -> list[tuple[str, str]]:
+    """(match, output) pairs of a JSON-lines script file, in file order."""
+    entries = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        entry = json.loads(line)
+        if not (isinstance(entry.get("match"), str) and isinstance(entry.get("output"), str)):
+            raise ValueError(f"{path}:{number}: need string fields 'match' and 'output'")
+        entries.append((entry["match"], entry["output"]))
+    return entries

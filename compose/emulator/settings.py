@@ -52,6 +52,9 @@ class EmulatorSettings:
     # per prompt: output ids are a non-canonical tokenization of the output text
     drift_rate: float = 0.0
     seed: int = 0
+    # JSON-lines file of {"match": str, "output": str}: a prompt containing `match` gets
+    # `output` as the text the model writes (compose/emulator/generation.py), first match wins
+    script: Path | None = None
 
     def __post_init__(self) -> None:
         self.tokenizer_dir = Path(self.tokenizer_dir)
@@ -111,6 +114,13 @@ def add_emulator_arguments(parser: argparse.ArgumentParser) -> None:
     add("--drop-rate", type=float, default=d.rate_drop)
     add("--drift-rate", type=float, default=d.drift_rate)
     add("--seed", type=int, default=d.seed)
+    add(
+        "--script",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help='JSON lines {"match", "output"}: the output text of prompts containing match',
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> EmulatorSettings:
@@ -140,4 +150,5 @@ def settings_from_args(args: argparse.Namespace) -> EmulatorSettings:
         rate_drop=args.drop_rate,
         drift_rate=args.drift_rate,
         seed=args.seed,
+        script=args.script,
     )

@@ -13,6 +13,7 @@ Qwen3 coder (`--tool-call-parser qwen3_coder`):
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import re
@@ -28,9 +29,15 @@ _KIMI_CALL = re.compile(
     r"(?P<args>\{.*?\})\s*<\|tool_call_end\|>",
     re.DOTALL,
 )
+# Qwen3CoderDetector's non-streaming patterns: a parameter also ends at the next parameter or
+# at </function>, a function at the end of the text
 _QWEN_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-_QWEN_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
-_QWEN_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
+_QWEN_FUNCTION = re.compile(r"<function=(.*?)</function>|<function=(.*)$", re.DOTALL)
+_QWEN_PARAMETER = re.compile(
+    r"<parameter=(.*?)(?:</parameter>|(?=<parameter=)|(?=</function>)|$)", re.DOTALL
+)
+_STRING_TYPES = ("string", "str", "text", "varchar", "char", "enum")
+_INT_TYPES = ("int", "uint", "long", "short", "unsigned")
 
 
 @dataclass(frozen=True)
@@ -108,27 +115,40 @@ def _parse_kimi(text: str, history_calls: int) -> tuple[str, list[ToolCall]]:
 
 
 def _parse_qwen(text: str, tools: list[dict[str, Any]]) -> tuple[str, list[ToolCall]]:
+    """Qwen3CoderDetector.detect_and_parse: every function of every `<tool_call>` block; the
+    text before the first block is the content."""
     start = text.find(QWEN_TOOL_CALL)
     if start < 0:
         return text, []
-    schemas = {t.get("name"): (t.get("parameters") or {}) for t in tools}
+    schemas = {t.get("name"): t.get("parameters") for t in tools}
     calls: list[ToolCall] = []
-    for block in _QWEN_CALL.finditer(text, start):
-        function = _QWEN_FUNCTION.search(block.group(1))
-        if not function:
-            continue
-        name = function.group(1).strip()
-        properties = schemas.get(name, {}).get("properties") or {}
-        args = {
-            key.strip(): _convert(_strip_one_newline(raw), properties.get(key.strip()) or {})
-            for key, raw in _QWEN_PARAMETER.findall(function.group(2))
-        }
-        arguments = json.dumps(args, ensure_ascii=False)
-        digest = hashlib.sha256(f"{len(calls)}:{name}:{arguments}".encode()).hexdigest()
-        calls.append(ToolCall(f"call_{digest[:24]}", name, arguments))
+    for block in _QWEN_CALL.findall(text):
+        for closed, open_ in _QWEN_FUNCTION.findall(block):
+            body = closed or open_
+            if ">" not in body:
+                continue
+            name, params = body.split(">", 1)
+            properties = _properties(schemas.get(name))
+            args: dict[str, Any] = {}
+            for match in _QWEN_PARAMETER.findall(params):
+                if ">" not in match:
+                    continue
+                key, raw = match.split(">", 1)
+                args[key] = _convert(_strip_one_newline(raw), key, properties)
+            arguments = json.dumps(args, ensure_ascii=False)
+            digest = hashlib.sha256(f"{len(calls)}:{name}:{arguments}".encode()).hexdigest()
+            calls.append(ToolCall(f"call_{digest[:24]}", name, arguments))
     if not calls:
         return text, []
     return text[:start], calls
+
+
+def _properties(parameters: Any) -> dict[str, Any]:
+    """The detector's argument config: the schema's properties (or the schema itself)."""
+    if not isinstance(parameters, dict):
+        return {}
+    properties = parameters.get("properties", parameters)
+    return properties if isinstance(properties, dict) else {}
 
 
 def _strip_one_newline(raw: str) -> str:
@@ -136,14 +156,40 @@ def _strip_one_newline(raw: str) -> str:
     return raw[:-1] if raw.endswith("\n") else raw
 
 
-def _convert(raw: str, schema: dict[str, Any]) -> Any:
-    """Parameter text to a JSON value by the schema's type (qwen3_coder's conversion)."""
-    kind = schema.get("type")
-    if kind == "string":
+def _convert(raw: str, name: str, properties: dict[str, Any]) -> Any:
+    """Parameter text to a JSON value by the schema's type, as Qwen3CoderDetector's
+    _convert_param_value: `null` is None whatever the type, an unknown parameter stays text,
+    a value that does not convert stays text (a boolean that is not `true` is False)."""
+    if raw.lower() == "null":
+        return None
+    if name not in properties:
         return raw
-    if kind == "boolean" and raw.strip().lower() in ("true", "false"):
-        return raw.strip().lower() == "true"
+    schema = properties[name]
+    kind = "string"
+    if isinstance(schema, dict) and "type" in schema:
+        kind = str(schema["type"]).strip().lower()
+    if kind in _STRING_TYPES:
+        return raw
+    if kind.startswith(_INT_TYPES):
+        try:
+            return int(raw)
+        except ValueError:
+            return raw
+    if kind.startswith(("num", "float")):
+        try:
+            number = float(raw)
+        except ValueError:
+            return raw
+        integral = "." not in raw and "e" not in raw.lower() and number.is_integer()
+        return int(number) if integral else number
+    if kind in ("boolean", "bool", "binary"):
+        return raw.lower() == "true"
+    if kind in ("object", "array", "arr") or kind.startswith(("dict", "list")):
+        try:
+            return json.loads(raw)
+        except ValueError:
+            pass
     try:
-        return json.loads(raw)
-    except ValueError:
+        return ast.literal_eval(raw)
+    except Exception:  # anything literal_eval cannot read stays text, as in SGLang
         return raw

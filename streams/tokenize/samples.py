@@ -5,10 +5,13 @@ Two token sources (see DESIGN.md, "Tokens and loss masks"):
 - ``server``: the ids the target produced, ``prompt_token_ids + output_token_ids``; the loss
   mask is 0 over the prompt (including a prefilled ``<think>``) and 1 over the output.
 - ``rendered``: the prompt rendered by the target's chat template with the generation prompt
-  and thinking on, followed by the generated turn rendered in the family's own format. The
+  and the thinking the server was asked for (the record's ``chat_template_kwargs``; on when
+  it has none), followed by the generated turn rendered in the family's own format. The
   turn is appended rather than rendered by the template because templates blank or trim
-  history reasoning; appending keeps the final reasoning exactly. The mask is 1 exactly over
-  the turn, end-of-turn token included.
+  history reasoning; appending keeps the final reasoning exactly (for Qwen, the model's own
+  whitespace too, when the record has it: `_qwen_turn`). The mask is 1 exactly over the turn,
+  end-of-turn token included. tests/streams/tokenize/test_agreement.py checks that the
+  rendered ids equal the server's on the cases that matter.
 
 The rendered sample is ``ids(prompt) + ids(turn)``, each encoded on its own, as at inference:
 the server encodes the prompt alone and the model then samples the turn's tokens. Encoding
@@ -136,10 +139,8 @@ class SampleBuilder:
         self.measure_drift = measure_drift
         self.min_loss_tokens = min_loss_tokens
         # Every kwarg explicit: Kimi's remote code defaults add_generation_prompt=True.
-        self._template_kwargs: dict[str, Any] = {
-            **profile.template_kwargs(thinking=True),
-            **(template_kwargs or {}),
-        }
+        self._default_kwargs = profile.template_kwargs(thinking=True)
+        self._explicit_kwargs = dict(template_kwargs or {})
         self._vocab_size = len(tokenizer)
 
     # -- public ---------------------------------------------------------------------------
@@ -176,14 +177,27 @@ class SampleBuilder:
         messages = [self._prepare(m) for m in completion.messages]
         generated = self._prepare(completion.generated_message())
         tools = template_tools(completion.tools)
-        prompt = self._apply_template(messages, tools, add_generation_prompt=True)
+        kwargs = self._kwargs(completion)
+        # a run with thinking off (`--no-thinking`): the prompt closes the think block itself
+        thinking = not (
+            self.profile.thinking_kwarg and kwargs.get(self.profile.thinking_kwarg) is False
+        )
+        prompt = self._apply_template(messages, tools, kwargs, add_generation_prompt=True)
         if self.profile.name == "kimi_k2":
-            turn = _kimi_turn(generated, self.profile, completion, _count_calls(messages))
+            calls = _count_calls(messages)
+            turn = _kimi_turn(generated, self.profile, completion, calls, thinking)
         elif self.profile.name == "qwen3":
-            turn = _qwen_turn(generated, self.profile, completion)
+            turn = _qwen_turn(generated, self.profile, completion, thinking)
         else:
-            turn = self._template_turn(messages, generated, tools, prompt)
+            turn = self._template_turn(messages, generated, tools, kwargs, prompt)
         return RenderedText(prompt, turn)
+
+    def _kwargs(self, completion: CompletionRecord) -> dict[str, Any]:
+        """The template kwargs the server rendered the prompt with (the record's sampling
+        says), over the family's defaults; the builder's own kwargs win."""
+        sent = (completion.sampling or {}).get("chat_template_kwargs")
+        sent = sent if isinstance(sent, Mapping) else {}
+        return {**self._default_kwargs, **sent, **self._explicit_kwargs}
 
     # -- rendering ------------------------------------------------------------------------
 
@@ -198,6 +212,7 @@ class SampleBuilder:
         self,
         messages: list[Message],
         tools: list[dict[str, Any]] | None,
+        kwargs: Mapping[str, Any],
         *,
         add_generation_prompt: bool,
     ) -> str:
@@ -207,7 +222,7 @@ class SampleBuilder:
                 tools=tools or None,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
-                **self._template_kwargs,
+                **kwargs,
             )
         except Exception as err:  # jinja errors, raise_exception(), bad message shapes
             raise SampleError("template_error", f"{type(err).__name__}: {err}") from None
@@ -220,12 +235,15 @@ class SampleBuilder:
         messages: list[Message],
         generated: Message,
         tools: list[dict[str, Any]] | None,
+        kwargs: Mapping[str, Any],
         prompt: str,
     ) -> str:
         """Unknown family: the template's rendering of the finished conversation past the
         prompt (the generation prompt must reappear verbatim, else the turn is unknowable)."""
-        bare = self._apply_template(messages, tools, add_generation_prompt=False)
-        full = self._apply_template([*messages, generated], tools, add_generation_prompt=False)
+        bare = self._apply_template(messages, tools, kwargs, add_generation_prompt=False)
+        full = self._apply_template(
+            [*messages, generated], tools, kwargs, add_generation_prompt=False
+        )
         if not (prompt.startswith(bare) and full.startswith(prompt)):
             raise SampleError(
                 "prefix_mismatch", "the rendered conversation does not extend the prompt"
@@ -379,14 +397,23 @@ def _in_reasoning(content: str, generated: Message, finished: bool) -> bool:
 
 
 def _kimi_turn(
-    generated: Message, profile: FamilyProfile, completion: CompletionRecord, calls_before: int
+    generated: Message,
+    profile: FamilyProfile,
+    completion: CompletionRecord,
+    calls_before: int,
+    thinking: bool = True,
 ) -> str:
-    """`{reasoning}</think>{content}<|tool_calls_section_begin|>…<|im_end|>` (K2.5/K2.6)."""
+    """`{reasoning}</think>{content}<|tool_calls_section_begin|>…<|im_end|>` (K2.5/K2.6);
+    with thinking off the prompt closed the think block: `{content}…<|im_end|>`."""
     reasoning, content, finished = _turn_parts(generated, completion)
     head = "" if profile.prefills_think else profile.think_open
-    if _in_reasoning(content, generated, finished):
+    if not thinking:
+        # a parser that forced reasoning on it put the model's text in the reasoning
+        text = (reasoning or "") + content
+    elif _in_reasoning(content, generated, finished):
         return head + (reasoning or "")
-    text = head + (reasoning or "") + profile.think_close + content
+    else:
+        text = head + (reasoning or "") + profile.think_close + content
     calls = generated.get("tool_calls") or []
     if calls:
         text += "<|tool_calls_section_begin|>"
@@ -412,26 +439,47 @@ def _kimi_call_id(call: Mapping[str, Any], function: Mapping[str, Any], index: i
     return f"functions.{function.get('name', '')}:{index}"
 
 
-def _qwen_turn(generated: Message, profile: FamilyProfile, completion: CompletionRecord) -> str:
-    """`{reasoning}\\n</think>\\n\\n{content}<tool_call>…<|im_end|>`, trimmed like the template."""
+def _qwen_turn(
+    generated: Message, profile: FamilyProfile, completion: CompletionRecord, thinking: bool = True
+) -> str:
+    """`{reasoning}\\n</think>\\n\\n{content}<tool_call>…<|im_end|>`; with thinking off the
+    prompt closed the think block: `{content}<tool_call>…<|im_end|>`, as written.
+
+    SGLang's reasoning parser splits the output at `</think>` and strips nothing, so its
+    content starts with the newlines the model wrote after `</think>` and its reasoning ends
+    with the one before: such a turn is the model's text verbatim (whitespace, an empty or
+    absent reasoning, `</think>` in the content, all as written). A trimmed record (older
+    servers strip, datasets) gets the template's separators and trimming instead.
+    """
     reasoning, content, finished = _turn_parts(generated, completion)
     head = "" if profile.prefills_think else profile.think_open + "\n"
-    if _in_reasoning(content, generated, finished):
+    close = profile.think_close
+    verbatim = content.startswith("\n")
+    if not thinking:
+        # a parser that forced reasoning on it put the model's text in the reasoning
+        content = (reasoning or "") + content
+        # the separator before a tool call is in the content unless a server trimmed it
+        verbatim = content.endswith("\n")
+        text = content
+    elif _in_reasoning(content, generated, finished):
         return head + (reasoning or "")
-    content = content.strip()
-    if reasoning is None and profile.think_close in content:
-        # the template splits an inline think block out of the content
-        parts = content.split(profile.think_close)
-        reasoning = parts[0].split(profile.think_open)[-1]
-        content = parts[-1].lstrip("\n")
-    text = head + (reasoning or "").strip() + f"\n{profile.think_close}\n\n" + content
+    elif verbatim:
+        text = head + (reasoning or "") + close + content
+    else:
+        content = content.strip()
+        if reasoning is None and close in content:
+            # the template splits an inline think block out of the content
+            parts = content.split(close)
+            reasoning = parts[0].split(profile.think_open)[-1]
+            content = parts[-1].lstrip("\n")
+        text = head + (reasoning or "").strip() + f"\n{close}\n\n" + content
     for position, call in enumerate(generated.get("tool_calls") or []):
         function = _function(call)
-        if position == 0:
-            text += "\n\n<tool_call>" if content.strip() else "<tool_call>"
-        else:
-            text += "\n<tool_call>"
-        text += f"\n<function={function.get('name', '')}>\n"
+        if position:
+            text += "\n"
+        elif content.strip() and not verbatim:  # a verbatim content holds its separator
+            text += "\n\n"
+        text += f"<tool_call>\n<function={function.get('name', '')}>\n"
         arguments = function.get("arguments") or {}
         for name, value in arguments.items():
             value_text = _qwen_value(value, profile.tool_args_json)

@@ -216,6 +216,53 @@ def test_max_tokens_cuts_with_length(start_emulator: StartEmulator, family: str)
     asyncio.run(scenario())
 
 
+def test_script_gives_chosen_prompts_their_output(
+    start_emulator: StartEmulator, family: str, tmp_path: Path
+) -> None:
+    """`--script`: the first entry whose match is in the prompt gives the text the model
+    writes; it is sampled as its canonical ids plus the end-of-turn, and cut by max_tokens."""
+    script = tmp_path / "script.jsonl"
+    # the family's format: Qwen writes newlines around </think>
+    answer = (
+        "Paris is asked.\n</think>\n\nParis."
+        if family == "qwen36"
+        else "Paris is asked.</think>Paris."
+    )
+    entries = [
+        {"match": "capital of France", "output": answer},
+        {"match": "France", "output": "never used: the first match wins"},
+    ]
+    script.write_text("".join(json.dumps(e) + "\n" for e in entries))
+
+    async def scenario() -> None:
+        async with start_emulator(family, script=script) as emu:
+            response = await chat(emu, user("The capital of France?"))
+            cut = await chat(emu, user("The capital of France?"), max_tokens=2)
+            other = await chat(emu, user("Something else"))
+            model = emu.model
+        choice = response.choices[0]
+        written = choice.token_ids[:-1]
+        assert model.decode(written, skip_special_tokens=False) == answer
+        assert written == model.encode(answer)
+        assert choice.token_ids[-1] == model.special.eot and choice.finish_reason == "stop"
+        # split at </think>, whitespace kept, as SGLang's reasoning parser does
+        assert choice.message.content == answer.split("</think>")[1]
+        assert cut.choices[0].token_ids == choice.token_ids[:2]
+        assert cut.choices[0].finish_reason == "length"
+        assert "Paris" not in (other.choices[0].message.content or "")
+
+    asyncio.run(scenario())
+
+
+def test_script_entries_need_match_and_output(tmp_path: Path) -> None:
+    from compose.emulator.generation import load_script
+
+    script = tmp_path / "script.jsonl"
+    script.write_text('{"match": "a", "output": "b"}\n\n{"match": "c"}\n')
+    with pytest.raises(ValueError, match=r"script\.jsonl:3"):
+        load_script(script)
+
+
 def test_context_too_long_is_sglangs_400(start_emulator: StartEmulator) -> None:
     async def scenario() -> None:
         async with start_emulator("qwen36", max_model_len=64) as emu:
@@ -631,10 +678,12 @@ def test_cli_flags_fill_settings(tmp_path: Path) -> None:
             "--drop-rate", "0.05",
             "--drift-rate", "0.06",
             "--seed", "3",
+            "--script", str(tmp_path / "script.jsonl"),
         ]
     )  # fmt: skip
     settings = settings_from_args(args)
     assert settings.model == "my-model"  # the directory's name
+    assert settings.script == tmp_path / "script.jsonl"
     assert settings.host == "127.0.0.1"
     assert (settings.port, settings.max_model_len) == (31000, 4096)
     assert settings.ids_style == "sglext"
