@@ -81,7 +81,8 @@ def create_app(
         broker_max_poll_records=prefetch,
         producer_acks=-1,
         producer_max_request_size=kafka.max_message_bytes,
-        consumer_max_fetch_size=kafka.max_message_bytes,
+        producer_compression_type=kafka.compression_type,
+        consumer_max_fetch_size=kafka.topic_max_message_bytes,
         broker_commit_interval=1.0,
     )
     return app

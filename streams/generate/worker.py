@@ -173,6 +173,8 @@ class GenerateWorker:
             else:
                 outputs = await self.process_all(event.key, raw, owned)
             for topic, key, value in outputs:
+                if topic == self.completions_topic:
+                    topic, key, value = self._fitting(topic, key, value, raw, prompt_id)
                 if topic == self.dead_letters_topic and not owned():
                     continue  # revoked meanwhile: the new owner decides this prompt's outcome
                 await self._send_until_acked(topic, key, value)
@@ -299,6 +301,18 @@ class GenerateWorker:
         self.stats.dead_letters += 1
         letter = DeadLetter.for_payload(STAGE, kind, message, raw, prompt_id)
         return self.dead_letters_topic, (prompt_id or "").encode(), letter.encode()
+
+    def _fitting(
+        self, topic: str, key: bytes, value: bytes, raw: bytes, prompt_id: str | None
+    ) -> tuple[str, bytes, bytes]:
+        """The completion, or the prompt's dead letter when the completion is over the message
+        size limit: the producer would refuse it on every retry, stalling the partition."""
+        problem = self.settings.kafka.too_large(key, value)
+        if problem is None:
+            return topic, key, value
+        self.stats.completed -= 1
+        log.warning("completion of %s not sent: %s", prompt_id, problem)
+        return self._dead_letter("record_too_large", f"the completion: {problem}", raw, prompt_id)
 
     async def _send_until_acked(self, topic: str, key: bytes, value: bytes) -> None:
         """Kafka down is an outage to wait out, not a reason to lose the generation."""

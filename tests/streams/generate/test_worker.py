@@ -84,6 +84,7 @@ class FakeClient:
         self.gates: dict[str, asyncio.Event] = {}  # a request waits for its gate
         self.failures: dict[str, list[Exception]] = {}  # raised one per attempt, in order
         self.always: dict[str, Exception] = {}  # raised on every attempt
+        self.answers: dict[str, str] = {}  # the content, when not "answer <prompt_id>"
         self.requests: list[str] = []
         self.probes = 0
         self.closed = False
@@ -113,7 +114,10 @@ class FakeClient:
         if pid in self.always:
             raise self.always[pid]
         return CompletionRecord.from_prompt(
-            record, content=f"answer {pid}", finish_reason="stop", usage={"completion_tokens": 3}
+            record,
+            content=self.answers.get(pid, f"answer {pid}"),
+            finish_reason="stop",
+            usage={"completion_tokens": 3},
         )
 
     async def close(self) -> None:
@@ -261,6 +265,28 @@ def test_a_bug_on_one_prompt_dead_letters_it_and_the_partition_moves_on() -> Non
         await until(lambda: kafka.acked() == [0, 1], "both prompts acked")
         assert [(d.prompt_id, d.kind) for d in kafka.letters()] == [("p0", "internal_error")]
         assert kafka.sent_to(COMPLETIONS) == ["p1"]
+        await worker.stop()
+
+    run(scenario)
+
+
+def test_a_completion_over_the_size_limit_is_a_dead_letter_and_the_partition_moves_on() -> None:
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        client.answers["p0"] = "x" * 5000
+        limit = KafkaSettings(bootstrap="127.0.0.1:9", max_message_bytes=4000)
+        worker = GenerateWorker(settings(kafka=limit), client, kafka.send, COMPLETIONS, DEAD)  # type: ignore[arg-type]
+        await worker.start()
+        await worker.submit(kafka.event(0, "p0"))
+        await worker.submit(kafka.event(1, "p1"))
+
+        await until(lambda: kafka.acked() == [0, 1], "both prompts acked")
+        [letter] = kafka.letters()
+        assert (letter.prompt_id, letter.kind) == ("p0", "record_too_large")
+        assert "4000-byte limit" in letter.message
+        assert PromptRecord.decode(letter.payload.encode()).prompt_id == "p0"  # to republish
+        assert kafka.sent_to(COMPLETIONS) == ["p1"]
+        assert (worker.stats.completed, worker.stats.dead_letters) == (1, 1)
         await worker.stop()
 
     run(scenario)
