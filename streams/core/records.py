@@ -15,7 +15,7 @@ import binascii
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -179,7 +179,10 @@ class _Record:
     _check_kinds: ClassVar[dict[str, str]] = {}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"v": SCHEMA_VERSION, **asdict(self)}  # type: ignore[call-overload]
+        # shallow: orjson walks the nested values itself; asdict's deep copy took 85 ms for
+        # a 128K-id list
+        values = {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+        return {"v": SCHEMA_VERSION, **values}
 
     def encode(self) -> bytes:
         return orjson.dumps(self.to_dict())
