@@ -207,10 +207,7 @@ class GenerateWorker:
     ) -> list[tuple[str, bytes, bytes]]:
         """Every output of one prompt: one, or one per turn for `--regen every-turn`, for the
         caller to send; `owned()` says whether the prompt is still this worker's."""
-        prompt_id = key.decode("utf-8", "replace") if key else None
-        return [
-            self._fitting(output, value, prompt_id) for output in await self._outputs(key, value)
-        ]
+        return [self._fitting(output, value) for output in await self._outputs(key, value)]
 
     async def _outputs(self, key: bytes | None, value: bytes) -> list[tuple[str, bytes, bytes]]:
         planned = regen.conversation_to_regenerate(value)
@@ -306,16 +303,16 @@ class GenerateWorker:
         letter = DeadLetter.for_payload(STAGE, kind, message, raw, prompt_id)
         return self.dead_letters_topic, (prompt_id or "").encode(), letter.encode()
 
-    def _fitting(
-        self, output: tuple[str, bytes, bytes], raw: bytes, prompt_id: str | None
-    ) -> tuple[str, bytes, bytes]:
+    def _fitting(self, output: tuple[str, bytes, bytes], raw: bytes) -> tuple[str, bytes, bytes]:
         """The output, or the prompt's dead letter for a completion over the message size
-        limit: the producer would refuse it on every retry, stalling the partition."""
+        limit: the producer would refuse it on every retry, stalling the partition. The letter
+        carries the completion's prompt id (a turn's, with --regen every-turn)."""
         topic, key, value = output
         problem = self.settings.kafka.too_large(key, value)
         if topic != self.completions_topic or problem is None:
             return output
         self.stats.completed -= 1
+        prompt_id = key.decode("utf-8", "replace")
         log.warning("completion of %s not sent: %s", prompt_id, problem)
         return self._dead_letter("record_too_large", f"the completion: {problem}", raw, prompt_id)
 
