@@ -74,8 +74,7 @@ async def publish(
         acks="all",
         enable_idempotence=True,
         linger_ms=20,
-        max_request_size=kafka.max_message_bytes,
-        compression_type=None,
+        **kafka.producer_kwargs(),
     )
     await producer.start()
     summary = PublishSummary()
@@ -146,11 +145,8 @@ async def _publish_row(
         summary.already_generated += 1
         return
     value = record.encode()
-    if len(value) > kafka.max_message_bytes:
-        too_large = RecordError(
-            "record_too_large",
-            f"{len(value)} bytes is more than the topic accepts ({kafka.max_message_bytes})",
-        )
+    if problem := kafka.too_large(record.prompt_id.encode(), value):
+        too_large = RecordError("record_too_large", problem)
         log.warning("%s row %d: %s", spec.path, row_number, too_large.message)
         await reject(spec, row_number, too_large, value)
         return

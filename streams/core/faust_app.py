@@ -11,6 +11,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import faust
+from aiokafka.errors import (
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+)
 
 from streams.core.crash_guard import CrashGuard
 from streams.core.outage import quiet_repeats
@@ -32,6 +37,19 @@ class Event(Protocol):
 
 # (topic name, key, value) -> resolves once Kafka acknowledged the write
 Send = Callable[[str, bytes, bytes], Awaitable[None]]
+
+_TOO_LARGE = (MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError)
+
+
+def refused_as_too_large(err: BaseException) -> bool:
+    """Whether a failed send was refused for its size (by the producer, or by a topic whose
+    max.message.bytes is lower than ours): no retry will ever pass it. faust wraps the error."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, _TOO_LARGE):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _credentials(kafka: KafkaSettings) -> faust.types.auth.CredentialsT | None:
@@ -81,7 +99,8 @@ def create_app(
         broker_max_poll_records=prefetch,
         producer_acks=-1,
         producer_max_request_size=kafka.max_message_bytes,
-        consumer_max_fetch_size=kafka.max_message_bytes,
+        producer_compression_type=kafka.compression_type,
+        consumer_max_fetch_size=kafka.topic_max_message_bytes,
         broker_commit_interval=1.0,
     )
     return app

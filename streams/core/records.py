@@ -1,14 +1,21 @@
 """The records on the three topics; the one place they are encoded and decoded.
 
 Every value is orjson with ``"v": 1``; keys are the ``prompt_id`` as UTF-8.
+
+A completion's token ids are written packed (see `pack_ids`): a 128K-token output is 700 KB
+of base64 instead of ~830 KB of JSON numbers (6-digit ids), and decodes in one numpy call.
+Records written before, with JSON lists under ``prompt_token_ids`` / ``output_token_ids``,
+are still read.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -124,6 +131,46 @@ def usage(value: Any) -> str | None:
     return None
 
 
+# JSON list field -> its packed field: base64 of the ids as little-endian uint32
+PACKED_IDS = {
+    "prompt_token_ids": "prompt_token_ids_u32",
+    "output_token_ids": "output_token_ids_u32",
+}
+_UINT32 = np.dtype("<u4")
+
+
+def pack_ids(ids: Any) -> str | None:
+    """The ids as base64 of little-endian uint32, or None when they are not all integers in
+    [0, 2**32) (such ids stay a JSON list, so the tokenize stage dead-letters them as now)."""
+    if not isinstance(ids, list):
+        return None
+    try:
+        array = np.asarray(ids)
+    except ValueError:  # ragged nesting
+        return None
+    if array.ndim != 1:
+        return None
+    if array.size and (
+        array.dtype.kind not in "iu" or array.min() < 0 or array.max() > np.iinfo(_UINT32).max
+    ):
+        return None
+    return base64.b64encode(array.astype(_UINT32).tobytes()).decode("ascii")
+
+
+def unpack_ids(packed: Any) -> list[int]:
+    """The inverse of `pack_ids`; every id it yields is an integer >= 0 by construction."""
+    if not isinstance(packed, str):
+        raise RecordError("bad_token_ids", f"packed ids: expected a string, got {_kind(packed)}")
+    try:
+        raw = base64.b64decode(packed, validate=True)
+    except (binascii.Error, ValueError) as err:
+        raise RecordError("bad_token_ids", f"packed ids are not base64: {err}") from None
+    if len(raw) % _UINT32.itemsize:
+        raise RecordError("bad_token_ids", f"packed ids: {len(raw)} bytes is not whole uint32s")
+    ids: list[int] = np.frombuffer(raw, dtype=_UINT32).tolist()
+    return ids
+
+
 class _Record:
     _required: ClassVar[tuple[str, ...]] = ()
     # every field's check; a field without one is a bug (see `_check_fields`)
@@ -132,7 +179,10 @@ class _Record:
     _check_kinds: ClassVar[dict[str, str]] = {}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"v": SCHEMA_VERSION, **asdict(self)}  # type: ignore[call-overload]
+        # shallow: orjson walks the nested values itself; asdict's deep copy took 85 ms for
+        # a 128K-id list
+        values = {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+        return {"v": SCHEMA_VERSION, **values}
 
     def encode(self) -> bytes:
         return orjson.dumps(self.to_dict())
@@ -235,6 +285,24 @@ class CompletionRecord(_Record):
     sampling: dict[str, Any] = field(default_factory=dict)
     latency_s: float = 0.0
     completed_at: float = field(default_factory=time.time)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        for name, packed_name in PACKED_IDS.items():
+            packed = pack_ids(data[name])
+            if packed is not None:
+                del data[name]
+                data[packed_name] = packed
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Any) -> CompletionRecord:
+        if isinstance(data, dict) and any(name in data for name in PACKED_IDS.values()):
+            data = dict(data)
+            for name, packed_name in PACKED_IDS.items():
+                if packed_name in data:
+                    data[name] = unpack_ids(data.pop(packed_name))
+        return super().from_dict(data)
 
     @classmethod
     def from_prompt(cls, prompt: PromptRecord, **generated: Any) -> CompletionRecord:

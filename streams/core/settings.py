@@ -13,6 +13,7 @@ import re
 import ssl
 from typing import Annotated, Any, Literal
 
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from pydantic import (
     AfterValidator,
     AliasChoices,
@@ -65,6 +66,7 @@ KeepOrDrop = Literal["drop", "keep"]
 OverLength = Literal["drop", "truncate"]
 RegenMode = Literal["final", "every-turn"]
 GenerateApi = Literal["chat", "native"]
+Compression = Literal["gzip", "none"]
 
 
 def setting(
@@ -123,7 +125,14 @@ class KafkaSettings(Settings):
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
     ssl_cafile: str | None = None
+    # The one size limit of a message: the producers' max_request_size, the topics'
+    # max.message.bytes at creation and the consumers' fetch sizes all derive from it
+    # (`producer_kwargs`, `consumer_kwargs`, streams/core/topics.py), so a message a producer
+    # accepted is stored and fetchable. A larger completion is a `record_too_large` dead letter.
     max_message_bytes: int = setting(8 * 1024 * 1024, gt=0)
+    # What the pipeline's producers compress with: a 128K-token completion is ~1.6 MB of JSON,
+    # ~2.5x smaller gzipped. gzip needs no extra package (lz4/zstd/snappy need cramjam).
+    compression: Compression = "gzip"
     # Group liveness: a crashed consumer's partitions move after the session timeout, and a
     # restarted one without --instance-id waits for its dead predecessor to expire. Heartbeats
     # are sent every session/10 s from the event loop, which never blocks (tokenizing runs in a
@@ -153,6 +162,40 @@ class KafkaSettings(Settings):
         if "SSL" not in self.security_protocol:
             return None
         return ssl.create_default_context(cafile=self.ssl_cafile)
+
+    @property
+    def topic_max_message_bytes(self) -> int:
+        """The topics' max.message.bytes: the broker checks a compressed batch, which gzip can
+        make a little larger than the message the producer checked (stored blocks of data that
+        does not compress: 5 bytes per 64 KiB), plus the batch header."""
+        return self.max_message_bytes + self.max_message_bytes // 8192 + 1024
+
+    @property
+    def compression_type(self) -> str | None:
+        return None if self.compression == "none" else self.compression
+
+    def producer_kwargs(self) -> dict[str, Any]:
+        """The size limit and compression of every producer of the pipeline's topics."""
+        return {
+            "max_request_size": self.max_message_bytes,
+            "compression_type": self.compression_type,
+        }
+
+    def too_large(self, key: bytes | None, value: bytes) -> str | None:
+        """Why the producers would refuse this message (by their own estimate), or None."""
+        size = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, [])
+        if size <= self.max_message_bytes:
+            return None
+        return (
+            f"a {size}-byte message is over the {self.max_message_bytes}-byte limit "
+            "(DRAFTGEN_KAFKA_MAX_MESSAGE_BYTES)"
+        )
+
+    def consumer_kwargs(self) -> dict[str, Any]:
+        """Fetch sizes that take any message a topic accepts (the broker also returns a first
+        batch larger than them, but a fetch that fits is the normal case)."""
+        fetch = self.topic_max_message_bytes
+        return {"max_partition_fetch_bytes": fetch, "fetch_max_bytes": max(fetch, 50 * 1024 * 1024)}
 
     def aiokafka_kwargs(self) -> dict[str, Any]:
         """Connection settings for aiokafka clients (producer, consumer, admin)."""

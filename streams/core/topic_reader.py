@@ -52,6 +52,7 @@ class TopicReader:
         if self._consumer is None:
             consumer = AIOKafkaConsumer(
                 **self.kafka.aiokafka_kwargs(),
+                **self.kafka.consumer_kwargs(),
                 group_id=None,
                 enable_auto_commit=False,
                 # records deleted by retention under our position: go on from the oldest kept

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def topic_configs(kafka: KafkaSettings) -> dict[str, dict[str, str]]:
-    max_bytes = str(kafka.max_message_bytes)
+    max_bytes = str(kafka.topic_max_message_bytes)
     return {
         PROMPTS: {"retention.ms": str(30 * 24 * 3600 * 1000), "max.message.bytes": max_bytes},
         # The source of truth for replay: kept forever.

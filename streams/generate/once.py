@@ -122,20 +122,19 @@ class OnceGenerateWorker(GenerateWorker):
         self._running[prompt_id] = done
         try:
             outputs = await super().process_all(key, value)
-            completed = any(topic == self.completions_topic for topic, _, _ in outputs)
-            dead = any(topic == self.dead_letters_topic for topic, _, _ in outputs)
-            if dead and (not keep_dead_letters() or self.ledger.contains(prompt_id, settings)):
-                dead = False
+            keep = keep_dead_letters() and not self.ledger.contains(prompt_id, settings)
+            if not keep:
                 outputs = [o for o in outputs if o[0] != self.dead_letters_topic]
+            delivered = [await self._deliver(o, value, prompt_id, keep) for o in outputs]
+            completed = any(o and o[0] == self.completions_topic for o in delivered)
+            dead = any(o and o[0] == self.dead_letters_topic for o in delivered)
             record = ledger_value(prompt_id, settings, self.client.base_url)
             if completed:
-                outputs.append(
-                    (self.ledger_topic, ledger_key(prompt_id, settings).encode(), record)
-                )
+                ledger = (self.ledger_topic, ledger_key(prompt_id, settings).encode(), record)
+                await self._send_until_acked(*ledger)
             elif dead:
-                outputs.append((self.ledger_topic, dead_key(prompt_id, settings).encode(), record))
-            for topic, out_key, out_value in outputs:
-                await self._send_until_acked(topic, out_key, out_value)
+                ledger = (self.ledger_topic, dead_key(prompt_id, settings).encode(), record)
+                await self._send_until_acked(*ledger)
             if completed:
                 self.ledger.add(prompt_id, settings)
             elif dead:

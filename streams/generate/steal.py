@@ -93,7 +93,10 @@ class Stealer:
             self._admin = admin
         if self._consumer is None:
             consumer = AIOKafkaConsumer(
-                **self.kafka.aiokafka_kwargs(), group_id=None, enable_auto_commit=False
+                **self.kafka.aiokafka_kwargs(),
+                **self.kafka.consumer_kwargs(),
+                group_id=None,
+                enable_auto_commit=False,
             )
             await consumer.start()
             self._consumer = consumer

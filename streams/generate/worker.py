@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streams.core.crash_guard import CRASH_LOOP, CrashGuard
-from streams.core.faust_app import Event, Send
+from streams.core.faust_app import Event, Send, refused_as_too_large
 from streams.core.normalize import validate_prompt_messages
 from streams.core.records import CompletionRecord, DeadLetter, PromptRecord, RecordError
-from streams.core.retry import Backoff, Outage, until_done
+from streams.core.retry import Backoff, Outage, short_error, until_done
 from streams.core.settings import GenerateSettings
 from streams.generate import regen
 from streams.generate.client import GenerationError, SGLangClient
@@ -172,10 +172,10 @@ class GenerateWorker:
                 outputs = [self._dead_letter(CRASH_LOOP, poisoned, raw, prompt_id)]
             else:
                 outputs = await self.process_all(event.key, raw, owned)
-            for topic, key, value in outputs:
-                if topic == self.dead_letters_topic and not owned():
+            for output in outputs:
+                if output[0] == self.dead_letters_topic and not owned():
                     continue  # revoked meanwhile: the new owner decides this prompt's outcome
-                await self._send_until_acked(topic, key, value)
+                await self._deliver(output, raw, prompt_id, owned())
         except asyncio.CancelledError:
             raise
         except Exception as err:  # a bug, not bad input: dead-letter it so the partition moves on
@@ -207,6 +207,9 @@ class GenerateWorker:
     ) -> list[tuple[str, bytes, bytes]]:
         """Every output of one prompt: one, or one per turn for `--regen every-turn`, for the
         caller to send; `owned()` says whether the prompt is still this worker's."""
+        return [self._fitting(output, value) for output in await self._outputs(key, value)]
+
+    async def _outputs(self, key: bytes | None, value: bytes) -> list[tuple[str, bytes, bytes]]:
         planned = regen.conversation_to_regenerate(value)
         if planned is None:
             return [await self.process(key, value)]
@@ -300,12 +303,47 @@ class GenerateWorker:
         letter = DeadLetter.for_payload(STAGE, kind, message, raw, prompt_id)
         return self.dead_letters_topic, (prompt_id or "").encode(), letter.encode()
 
-    async def _send_until_acked(self, topic: str, key: bytes, value: bytes) -> None:
-        """Kafka down is an outage to wait out, not a reason to lose the generation."""
-        await until_done(
-            f"writing to {topic}",
-            lambda: self.send(topic, key, value),
-            self.backoff,
-            log,
-            self.broker,
-        )
+    def _fitting(self, output: tuple[str, bytes, bytes], raw: bytes) -> tuple[str, bytes, bytes]:
+        """The output, or the prompt's dead letter for a completion over the message size
+        limit: the producer would refuse it on every retry, stalling the partition. The letter
+        carries the completion's prompt id (a turn's, with --regen every-turn)."""
+        topic, key, value = output
+        problem = self.settings.kafka.too_large(key, value)
+        if topic != self.completions_topic or problem is None:
+            return output
+        self.stats.completed -= 1
+        prompt_id = key.decode("utf-8", "replace")
+        log.warning("completion of %s not sent: %s", prompt_id, problem)
+        return self._dead_letter("record_too_large", f"the completion: {problem}", raw, prompt_id)
+
+    async def _deliver(
+        self, output: tuple[str, bytes, bytes], raw: bytes, prompt_id: str | None, keep: bool
+    ) -> tuple[str, bytes, bytes] | None:
+        """Send one output until Kafka acknowledges it; returns what was delivered. A
+        completion refused for its size (a topic whose limit is below ours) is replaced by the
+        prompt's dead letter, or by nothing when `keep` is false (not ours to dead-letter)."""
+        refused = await self._send_until_acked(*output)
+        if refused is None:
+            return output
+        if output[0] != self.completions_topic or not keep:
+            return None
+        self.stats.completed -= 1
+        letter = self._dead_letter("record_too_large", refused, raw, prompt_id)
+        await self._send_until_acked(*letter)
+        return letter
+
+    async def _send_until_acked(self, topic: str, key: bytes, value: bytes) -> str | None:
+        """Kafka down is an outage to wait out, not a reason to lose the generation. A write
+        refused for its size is never retried: returns why (else None)."""
+
+        async def attempt() -> str | None:
+            try:
+                await self.send(topic, key, value)
+            except Exception as err:
+                if not refused_as_too_large(err):
+                    raise
+                log.warning("a %d-byte write to %s refused: %s", len(value), topic, err)
+                return f"a {len(value)}-byte message refused by Kafka: {short_error(err)}"
+            return None
+
+        return await until_done(f"writing to {topic}", attempt, self.backoff, log, self.broker)

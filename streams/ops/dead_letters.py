@@ -81,7 +81,7 @@ def republishable(letter: DeadLetter) -> tuple[str, bytes, bytes]:
 
 async def republish(kafka: KafkaSettings, selection: Selection) -> tuple[int, Counter[str]]:
     letters = [letter for letter in await read_dead_letters(kafka) if selection.matches(letter)]
-    producer = AIOKafkaProducer(**kafka.aiokafka_kwargs(), acks="all")
+    producer = AIOKafkaProducer(**kafka.aiokafka_kwargs(), **kafka.producer_kwargs(), acks="all")
     await producer.start()
     sent, still_bad = 0, Counter[str]()
     try:

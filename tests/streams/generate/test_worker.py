@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka.errors import MessageSizeTooLargeError
+from faust.exceptions import ProducerSendError
 
 from streams.core.crash_guard import CrashGuard
 from streams.core.families import GENERIC
@@ -84,6 +86,7 @@ class FakeClient:
         self.gates: dict[str, asyncio.Event] = {}  # a request waits for its gate
         self.failures: dict[str, list[Exception]] = {}  # raised one per attempt, in order
         self.always: dict[str, Exception] = {}  # raised on every attempt
+        self.answers: dict[str, str] = {}  # the content, when not "answer <prompt_id>"
         self.requests: list[str] = []
         self.probes = 0
         self.closed = False
@@ -113,7 +116,10 @@ class FakeClient:
         if pid in self.always:
             raise self.always[pid]
         return CompletionRecord.from_prompt(
-            record, content=f"answer {pid}", finish_reason="stop", usage={"completion_tokens": 3}
+            record,
+            content=self.answers.get(pid, f"answer {pid}"),
+            finish_reason="stop",
+            usage={"completion_tokens": 3},
         )
 
     async def close(self) -> None:
@@ -149,8 +155,14 @@ class FakeKafka:
         self.sent: list[tuple[str, bytes, bytes]] = []
         self.failures_left = 0
         self.failed = 0
+        self.refuse_over: int | None = None  # a topic whose max.message.bytes is this
 
     async def send(self, topic: str, key: bytes, value: bytes) -> None:
+        if self.refuse_over is not None and len(value) > self.refuse_over:
+            try:
+                raise MessageSizeTooLargeError("the broker refused it")
+            except MessageSizeTooLargeError as err:
+                raise ProducerSendError(f"Error while sending: {err!r}") from err
         if self.failures_left > 0:
             self.failures_left -= 1
             self.failed += 1
@@ -266,6 +278,28 @@ def test_a_bug_on_one_prompt_dead_letters_it_and_the_partition_moves_on() -> Non
     run(scenario)
 
 
+def test_a_completion_over_the_size_limit_is_a_dead_letter_and_the_partition_moves_on() -> None:
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        client.answers["p0"] = "x" * 5000
+        limit = KafkaSettings(bootstrap="127.0.0.1:9", max_message_bytes=4000)
+        worker = GenerateWorker(settings(kafka=limit), client, kafka.send, COMPLETIONS, DEAD)  # type: ignore[arg-type]
+        await worker.start()
+        await worker.submit(kafka.event(0, "p0"))
+        await worker.submit(kafka.event(1, "p1"))
+
+        await until(lambda: kafka.acked() == [0, 1], "both prompts acked")
+        [letter] = kafka.letters()
+        assert (letter.prompt_id, letter.kind) == ("p0", "record_too_large")
+        assert "4000-byte limit" in letter.message
+        assert PromptRecord.decode(letter.payload.encode()).prompt_id == "p0"  # to republish
+        assert kafka.sent_to(COMPLETIONS) == ["p1"]
+        assert (worker.stats.completed, worker.stats.dead_letters) == (1, 1)
+        await worker.stop()
+
+    run(scenario)
+
+
 def test_a_server_that_is_down_pauses_the_worker_without_burning_attempts() -> None:
     async def scenario() -> None:
         client, kafka = FakeClient(), FakeKafka()
@@ -369,10 +403,10 @@ class FakeLedger:
 
 
 async def once_worker(
-    client: FakeClient, kafka: FakeKafka
+    client: FakeClient, kafka: FakeKafka, limit: KafkaSettings | None = None
 ) -> tuple[OnceGenerateWorker, FakeLedger]:
     worker = OnceGenerateWorker(
-        settings(),
+        settings(**({"kafka": limit} if limit else {})),
         client,
         kafka.send,
         COMPLETIONS,
@@ -626,6 +660,49 @@ def test_a_prompt_with_a_field_of_the_wrong_type_is_one_bad_shape_letter(field: 
         await until(lambda: kafka.acked() == [0], "acked")
         assert [letter.kind for letter in kafka.letters()] == ["bad_shape"]
         assert client.requests == []
+        await worker.stop()
+
+    run(scenario)
+
+
+def test_a_completion_refused_by_a_topic_with_a_lower_limit_is_a_dead_letter() -> None:
+    """The topic was created with a smaller max.message.bytes than the setting: the refusal is
+    final, so the prompt is dead-lettered (and recorded so) instead of retried forever."""
+
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        client.answers["p0"] = "x" * 5000
+        kafka.refuse_over = 4000
+        worker, ledger = await once_worker(client, kafka)
+        await worker.submit(kafka.event(0, "p0"))
+        await worker.submit(kafka.event(1, "p1"))
+
+        await until(lambda: kafka.acked() == [0, 1], "both prompts acked")
+        [letter] = kafka.letters()
+        assert (letter.prompt_id, letter.kind) == ("p0", "record_too_large")
+        assert "refused by Kafka" in letter.message
+        assert kafka.sent_to(COMPLETIONS) == ["p1"]
+        assert ledger.ended("p0", worker.settings_key("final"))
+        assert not ledger.contains("p0", worker.settings_key("final"))  # dead, not completed
+        assert (worker.stats.completed, worker.stats.dead_letters) == (1, 1)
+        await worker.stop()
+
+    run(scenario)
+
+
+def test_the_ledger_worker_dead_letters_a_completion_over_the_limit_before_sending() -> None:
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        client.answers["p0"] = "x" * 5000
+        limit = KafkaSettings(bootstrap="127.0.0.1:9", max_message_bytes=4000)
+        worker, ledger = await once_worker(client, kafka, limit)
+        await worker.submit(kafka.event(0, "p0"))
+        await worker.submit(kafka.event(1, "p1"))
+
+        await until(lambda: kafka.acked() == [0, 1], "both prompts acked")
+        assert [(d.prompt_id, d.kind) for d in kafka.letters()] == [("p0", "record_too_large")]
+        assert kafka.sent_to(COMPLETIONS) == ["p1"]
+        assert ledger.ended("p0", worker.settings_key("final"))
         await worker.stop()
 
     run(scenario)
