@@ -391,10 +391,12 @@ def test_running_cap_queues_and_decodes_concurrently(start_emulator: StartEmulat
             elapsed = time.monotonic() - started
             _, stats = await get(emu, "/stats")
         decode_s = [len(r.choices[0].token_ids) / 100.0 for r in results]
+        # two decoded at once, never more (the peak), and the other two waited their turn: the
+        # four took at least half their serial decode time. Only a lower bound on time: load
+        # on the machine can slow a run, never speed it up.
         assert stats["peak_running"] == 2
         assert stats["completed"] == 4 and stats["errors"] == {}
-        # two at a time: at least half the serial time, clearly less than all of it
-        assert sum(decode_s) / 2 * 0.9 <= elapsed < sum(decode_s) * 0.85
+        assert elapsed >= sum(decode_s) / 2 * 0.9
 
     asyncio.run(scenario())
 
