@@ -21,7 +21,7 @@ from streams.core.faust_app import Event, Send
 from streams.core.normalize import validate_prompt_messages
 from streams.core.records import CompletionRecord, DeadLetter, PromptRecord, RecordError
 from streams.core.retry import Backoff, Outage, until_done
-from streams.core.settings import GenerateSettings
+from streams.core.settings import DEFAULT_CONCURRENCY, GenerateSettings
 from streams.generate import regen
 from streams.generate.client import GenerationError, SGLangClient
 from streams.generate.exact_ids import IdsWay
@@ -100,7 +100,10 @@ class GenerateWorker:
         # what this worker knows of its dependencies: one line when one goes, one when it is back
         self.broker = Outage("broker", log)
         self.server = Outage(f"server {client.base_url}", log)
-        self._slots = asyncio.Semaphore(settings.concurrency)
+        # requests in flight; with --concurrency auto, the server's cap once start() read it
+        fixed = settings.concurrency
+        self.concurrency = fixed if isinstance(fixed, int) else DEFAULT_CONCURRENCY
+        self._slots = asyncio.Semaphore(self.concurrency)
         self._server_up = asyncio.Event()
         self._ready = asyncio.Event()
         self._nothing_in_flight = asyncio.Event()
@@ -118,15 +121,34 @@ class GenerateWorker:
         what = f"asking {self.client.base_url} for token ids"
         way = await until_done(what, self.client.probe_ids, self.backoff, log, self.server)
         log_ids_way(self.client.base_url, way)
+        if self.settings.concurrency == "auto":
+            what = f"asking {self.client.base_url} for its max_running_requests"
+            cap = await until_done(
+                what, self.client.max_running_requests, self.backoff, log, self.server
+            )
+            self._use_concurrency(cap)
         log.info(
             "generating with model %s (%s family) on %s, %d in flight",
             self.client.model,
             self.client.family.name,
             self.client.base_url,
-            self.settings.concurrency,
+            self.concurrency,
         )
         self._server_up.set()
         self._ready.set()
+
+    def _use_concurrency(self, cap: int | None) -> None:
+        if cap is None:
+            log.warning(
+                "server %s does not say its max_running_requests; keeping %d in flight "
+                "(--concurrency N sets it)",
+                self.client.base_url,
+                self.concurrency,
+            )
+            return
+        self.concurrency = cap
+        # nothing holds a slot yet: submit() waits for _ready, which is set after this
+        self._slots = asyncio.Semaphore(cap)
 
     async def stop(self) -> None:
         for task in list(self._tasks):
