@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import faust
+from faust.tables import TableManager
 
 from streams.core.crash_guard import CrashGuard
 from streams.core.outage import quiet_repeats
@@ -32,6 +33,17 @@ class Event(Protocol):
 
 # (topic name, key, value) -> resolves once Kafka acknowledged the write
 Send = Callable[[str, bytes, bytes], Awaitable[None]]
+
+
+class NoTablesManager(TableManager):
+    """Faust's table manager sleeps 1 s at start so that late tables can still register, and
+    the consumer subscribes only after it: our apps declare no tables, so it subscribes at once
+    (a worker's first fetch comes 1 s sooner)."""
+
+    async def on_start(self) -> None:
+        if not self.should_stop:
+            await self._update_channels()
+            await self.recovery.start()
 
 
 def _credentials(kafka: KafkaSettings) -> faust.types.auth.CredentialsT | None:
@@ -83,6 +95,7 @@ def create_app(
         producer_max_request_size=kafka.max_message_bytes,
         consumer_max_fetch_size=kafka.max_message_bytes,
         broker_commit_interval=1.0,
+        TableManager=NoTablesManager,
     )
     return app
 

@@ -106,12 +106,9 @@ def build_generate_app(
 
     @app.agent(raw_topic(app, kafka.topic(PROMPTS)), name="generate")
     async def generate(stream: Any) -> None:
+        worker.start_soon()  # the agent starts before the group is joined: ask the server now
         # Acks are ours (ordered, after delivery): see streams/generate/inflight.py.
         await consume(stream, guard, worker.submit)
-
-    @app.task
-    async def start_worker() -> None:
-        await worker.start()
 
     if once.steal_after_s > 0 and once.ledger:
         prompts = kafka.topic(PROMPTS)

@@ -74,6 +74,11 @@ def log_ids_way(server: str, way: IdsWay | None) -> None:
         )
 
 
+def _report_failed_start(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the generate worker failed to start", exc_info=task.exception())
+
+
 class GenerateWorker:
     def __init__(
         self,
@@ -109,6 +114,7 @@ class GenerateWorker:
         self._nothing_in_flight = asyncio.Event()
         self._nothing_in_flight.set()
         self._prober: asyncio.Task[None] | None = None
+        self._starting: asyncio.Task[None] | None = None
         self._down_since = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -150,7 +156,16 @@ class GenerateWorker:
         # nothing holds a slot yet: submit() waits for _ready, which is set after this
         self._slots = asyncio.Semaphore(cap)
 
+    def start_soon(self) -> None:
+        """`start()` in the background, once: the agent calls it as it starts, so the server is
+        asked while the consumer joins its group, not after (Faust starts app tasks only then)."""
+        if self._starting is None:
+            self._starting = asyncio.create_task(self.start())
+            self._starting.add_done_callback(_report_failed_start)
+
     async def stop(self) -> None:
+        if self._starting:
+            self._starting.cancel()
         for task in list(self._tasks):
             task.cancel()
         if self._prober:
