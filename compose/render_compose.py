@@ -10,6 +10,9 @@ servers.txt: one server per line, `#` comments.
     NAME URL [concurrency=N]          a server that runs elsewhere: only its worker runs here
     NAME gpus=IDS [concurrency=N]     an SGLang service `sglang-NAME` here too (profile
                                       `sglang`), on the GPUs IDS (e.g. 0 or 0,1,2,3: --tp 4)
+
+concurrency=auto: the worker keeps the server's own running cap in flight (read from its
+/server_info), and a local SGLang service is started without --max-running-requests.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 SGLANG_PORT = 30000
 METRICS_PORT = 9100
@@ -30,7 +34,7 @@ class Server:
     name: str
     url: str
     gpus: tuple[str, ...] = ()  # non-empty: an SGLang service is run here
-    concurrency: int = DEFAULT_CONCURRENCY
+    concurrency: int | Literal["auto"] = DEFAULT_CONCURRENCY
 
     @property
     def local(self) -> bool:
@@ -60,7 +64,8 @@ def _parse_line(line: str) -> Server:
     name, *fields = line.split()
     if not _NAME.match(name):
         raise ValueError("a name is lowercase letters, digits and dashes")
-    url, concurrency = "", DEFAULT_CONCURRENCY
+    url = ""
+    concurrency: int | Literal["auto"] = DEFAULT_CONCURRENCY
     gpus: tuple[str, ...] = ()
     for item in fields:
         if item.startswith(("http://", "https://")) and not url:
@@ -71,9 +76,12 @@ def _parse_line(line: str) -> Server:
                 raise ValueError("gpus= takes device ids, e.g. gpus=0,1")
         elif item.startswith("concurrency="):
             value = item.removeprefix("concurrency=")
-            if not value.isdigit() or int(value) <= 0:
-                raise ValueError("concurrency= takes a positive integer")
-            concurrency = int(value)
+            if value == "auto":
+                concurrency = "auto"
+            elif value.isdigit() and int(value) > 0:
+                concurrency = int(value)
+            else:
+                raise ValueError("concurrency= takes a positive integer or auto")
         else:
             raise ValueError(f"unknown field {item!r}")
     if bool(url) == bool(gpus):
@@ -269,9 +277,7 @@ SGLANG = """
       - "30000"
       - --tp
       - "{tp}"
-      - --max-running-requests
-      - "{concurrency}"
-      - --reasoning-parser
+{max_running}      - --reasoning-parser
       - ${{SGLANG_REASONING_PARSER:-qwen3}}
       - --trust-remote-code
     deploy:
@@ -299,6 +305,13 @@ configs:
 """
 
 
+def _max_running(concurrency: int | Literal["auto"]) -> str:
+    """SGLang's cap on the running batch; with auto, SGLang sizes it and the worker reads it."""
+    if concurrency == "auto":
+        return ""
+    return f'      - --max-running-requests\n      - "{concurrency}"\n'
+
+
 def render(servers: list[Server]) -> str:
     parts = [HEADER]
     for server in servers:
@@ -310,7 +323,7 @@ def render(servers: list[Server]) -> str:
                 SGLANG.format(
                     name=server.name,
                     tp=len(server.gpus),
-                    concurrency=server.concurrency,
+                    max_running=_max_running(server.concurrency),
                     device_ids=", ".join(f'"{g}"' for g in server.gpus),
                 )
             )

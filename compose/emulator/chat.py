@@ -206,7 +206,7 @@ def _reasoning_tokens(model: EmulatedModel, text_ids: list[int]) -> int:
 
 async def handle_chat(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY]
-    engine.stats.requests += 1
+    engine.stats.count_request()
     try:
         try:
             body = await request.json(loads=orjson.loads)

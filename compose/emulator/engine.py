@@ -120,8 +120,16 @@ class Engine:
                 "max_output_tokens": s.max_output_tokens,
                 "seed": s.seed,
             },
-            "internal_states": [{"num_running": self.stats.running, "ready": self.ready}],
+            "internal_states": [self._internal_state()],
         }
+
+    def _internal_state(self) -> dict[str, Any]:
+        """One data-parallel rank's state, as SGLang's scheduler reports it: its running cap
+        (`effective_max_running_requests_per_dp`, newer servers) only when there is one."""
+        state: dict[str, Any] = {"num_running": self.stats.running, "ready": self.ready}
+        if self.settings.max_running_requests:
+            state["effective_max_running_requests_per_dp"] = self.settings.max_running_requests
+        return state
 
 
 ENGINE_KEY = web.AppKey("engine", Engine)

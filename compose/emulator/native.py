@@ -38,7 +38,7 @@ def _prompt(engine: Engine, body: dict[str, Any]) -> tuple[str, list[int]]:
 
 async def handle_generate(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY]
-    engine.stats.requests += 1
+    engine.stats.count_request()
     try:
         try:
             body = await request.json(loads=orjson.loads)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,7 +26,13 @@ class Stats:
     completion_tokens: int = 0
     drift: int = 0
     tool_calls: int = 0
+    # wall-clock time of the latest request (benchmarks time a worker's reaction with it)
+    last_request_at: float | None = None
     errors: Counter[str] = field(default_factory=Counter)
+
+    def count_request(self) -> None:
+        self.requests += 1
+        self.last_request_at = time.time()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -38,6 +45,7 @@ class Stats:
             "completion_tokens": self.completion_tokens,
             "drift": self.drift,
             "tool_calls": self.tool_calls,
+            "last_request_at": self.last_request_at,
             "errors": dict(self.errors),
         }
 

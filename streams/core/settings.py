@@ -18,6 +18,7 @@ from pydantic import (
     AfterValidator,
     AliasChoices,
     BaseModel,
+    BeforeValidator,
     Field,
     SecretStr,
     field_validator,
@@ -60,6 +61,24 @@ def _safe_prefix(value: str) -> str:
 SafeName = Annotated[str, AfterValidator(_safe_name)]
 # the topic and group prefix (may be empty)
 SafePrefix = Annotated[str, AfterValidator(_safe_prefix)]
+
+
+def _concurrency(value: object) -> object:
+    """A positive integer, or "auto" (the server's max_running_requests, read at start)."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "auto":
+            return "auto"
+        if text.isdigit():
+            value = int(text)
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    raise ValueError(f"{value!r} is not a concurrency: use a positive integer or 'auto'")
+
+
+# requests in flight against one server when not given, or when "auto" finds no cap
+DEFAULT_CONCURRENCY = 32
+Concurrency = Annotated[int | Literal["auto"], BeforeValidator(_concurrency)]
 
 Family = Literal["kimi_k2", "qwen3", "generic"]
 KeepOrDrop = Literal["drop", "keep"]
@@ -300,8 +319,12 @@ class RetrySettings(Settings):
 class GenerateSettings(Settings):
     server: str = setting(flag="--server", help="the SGLang server's base URL")
     kafka: KafkaSettings = setting(default_factory=lambda: KafkaSettings())
-    concurrency: int = setting(
-        32, flag="--concurrency", help="requests kept in flight against the server", gt=0
+    concurrency: Concurrency = setting(
+        DEFAULT_CONCURRENCY,
+        flag="--concurrency",
+        help="requests kept in flight against the server; auto: the server's "
+        f"max_running_requests (from /server_info; {DEFAULT_CONCURRENCY} if it does not say)",
+        metavar="N|auto",
     )
     sampling: SamplingSettings = setting(default_factory=lambda: SamplingSettings())
     # None: ask the server which model it serves

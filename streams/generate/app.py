@@ -13,6 +13,7 @@ from streams.core.records import CompletionRecord, PromptRecord
 from streams.core.settings import (
     COMPLETIONS,
     DEAD_LETTERS,
+    DEFAULT_CONCURRENCY,
     GENERATE_GROUP,
     GENERATED,
     PROMPTS,
@@ -73,12 +74,16 @@ def build_generate_app(
     once: OnceSettings | None = None,
 ) -> tuple[faust.App, GenerateWorker]:
     kafka = settings.kafka
+    # the consumer is configured before the server is asked (--concurrency auto): the default
+    worker_concurrency = settings.concurrency
+    if not isinstance(worker_concurrency, int):
+        worker_concurrency = DEFAULT_CONCURRENCY
     app = create_app(
         kafka.group(GENERATE_GROUP),
         kafka,
         # Prefetch bounds what a worker holds beyond its in-flight requests, so a slow server
         # does not sit on a backlog that idle workers could take.
-        prefetch=max(4, settings.concurrency // 4),
+        prefetch=max(4, worker_concurrency // 4),
         instance_id=settings.instance_id,
     )
     metrics = GenerateMetrics(settings.server)
@@ -101,12 +106,9 @@ def build_generate_app(
 
     @app.agent(raw_topic(app, kafka.topic(PROMPTS)), name="generate")
     async def generate(stream: Any) -> None:
+        worker.start_soon()  # the agent starts before the group is joined: ask the server now
         # Acks are ours (ordered, after delivery): see streams/generate/inflight.py.
         await consume(stream, guard, worker.submit)
-
-    @app.task
-    async def start_worker() -> None:
-        await worker.start()
 
     if once.steal_after_s > 0 and once.ledger:
         prompts = kafka.topic(PROMPTS)

@@ -19,6 +19,7 @@ from streams.core.families import FAMILIES, GENERIC, FamilyProfile
 from streams.core.records import CompletionRecord, PromptRecord
 from streams.core.settings import GenerateSettings
 from streams.core.tokenizers import load_tokenizer
+from streams.generate.capacity import SERVER_INFO_PATHS, running_cap
 from streams.generate.exact_ids import (
     NATIVE,
     NO_IDS,
@@ -95,10 +96,9 @@ class SGLangClient:
     def __init__(self, settings: GenerateSettings):
         self.settings = settings
         self.base_url = settings.server.rstrip("/")
-        limits = httpx2.Limits(
-            max_connections=settings.concurrency + 4,
-            max_keepalive_connections=settings.concurrency + 4,
-        )
+        # with "auto" the worker's slots bound the requests; the pool need not know the number
+        pool = settings.concurrency + 4 if isinstance(settings.concurrency, int) else None
+        limits = httpx2.Limits(max_connections=pool, max_keepalive_connections=pool)
         self._http = httpx2.AsyncClient(
             limits=limits, timeout=httpx2.Timeout(settings.request_timeout_s, connect=10.0)
         )
@@ -130,6 +130,31 @@ class SGLangClient:
         except httpx2.HTTPError:
             return False
         return response.status_code == 200
+
+    async def max_running_requests(self) -> int | None:
+        """The server's running-request cap (streams/generate/capacity.py), or None when it
+        does not say. A server that cannot be reached raises (the caller waits it out)."""
+        headers = {}
+        if self.settings.api_key:
+            headers["Authorization"] = f"Bearer {self.settings.api_key.get_secret_value()}"
+        for path in SERVER_INFO_PATHS:
+            try:
+                response = await self._http.get(
+                    f"{self.base_url}{path}", headers=headers, timeout=30.0
+                )
+            except httpx2.HTTPError as err:
+                raise classify(err) from None
+            if response.status_code == 404:
+                continue  # an older server: its older name
+            if response.status_code >= 500:
+                raise status_error(response.status_code, response.text[:500])
+            if response.status_code != 200:
+                return None
+            try:
+                return running_cap(orjson.loads(response.content))
+            except orjson.JSONDecodeError:
+                return None
+        return None
 
     async def discover(self) -> None:
         """Learn the served model name (unless given) and pick the thinking kwarg from it."""

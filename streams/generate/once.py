@@ -69,9 +69,11 @@ class OnceGenerateWorker(GenerateWorker):
         self._running: dict[str, asyncio.Future[None]] = {}
 
     async def start(self) -> None:
-        if self.once.ledger:
-            await self.ledger.start()
-        await super().start()
+        if not self.once.ledger:
+            await super().start()
+            return
+        # the ledger is read while the server is asked; a prompt waits for both anyway
+        await asyncio.gather(self.ledger.start(), super().start())
 
     async def stop(self) -> None:
         await super().stop()

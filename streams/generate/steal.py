@@ -50,12 +50,16 @@ class Stealer:
         self.backoff = backoff or Backoff(initial_s=0.5, max_s=10.0)
         once = worker.once
         self.margin = once.steal_margin
-        self.batch = once.steal_batch or worker.settings.concurrency
         self.idle_s = once.steal_after_s
         # chunks this worker took already: (partition, start offset)
         self._taken: set[tuple[int, int]] = set()
         self._admin: AIOKafkaAdminClient | None = None
         self._consumer: AIOKafkaConsumer | None = None
+
+    @property
+    def batch(self) -> int:
+        # the worker's concurrency is known only once it started (--concurrency auto)
+        return self.worker.once.steal_batch or self.worker.concurrency
 
     async def run(self) -> None:
         try:

@@ -21,7 +21,7 @@ from streams.core.faust_app import Event, Send, refused_as_too_large
 from streams.core.normalize import validate_prompt_messages
 from streams.core.records import CompletionRecord, DeadLetter, PromptRecord, RecordError
 from streams.core.retry import Backoff, Outage, short_error, until_done
-from streams.core.settings import GenerateSettings
+from streams.core.settings import DEFAULT_CONCURRENCY, GenerateSettings
 from streams.generate import regen
 from streams.generate.client import GenerationError, SGLangClient
 from streams.generate.exact_ids import IdsWay
@@ -74,6 +74,11 @@ def log_ids_way(server: str, way: IdsWay | None) -> None:
         )
 
 
+def _report_failed_start(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the generate worker failed to start", exc_info=task.exception())
+
+
 class GenerateWorker:
     def __init__(
         self,
@@ -100,12 +105,16 @@ class GenerateWorker:
         # what this worker knows of its dependencies: one line when one goes, one when it is back
         self.broker = Outage("broker", log)
         self.server = Outage(f"server {client.base_url}", log)
-        self._slots = asyncio.Semaphore(settings.concurrency)
+        # requests in flight; with --concurrency auto, the server's cap once start() read it
+        fixed = settings.concurrency
+        self.concurrency = fixed if isinstance(fixed, int) else DEFAULT_CONCURRENCY
+        self._slots = asyncio.Semaphore(self.concurrency)
         self._server_up = asyncio.Event()
         self._ready = asyncio.Event()
         self._nothing_in_flight = asyncio.Event()
         self._nothing_in_flight.set()
         self._prober: asyncio.Task[None] | None = None
+        self._starting: asyncio.Task[None] | None = None
         self._down_since = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -118,17 +127,45 @@ class GenerateWorker:
         what = f"asking {self.client.base_url} for token ids"
         way = await until_done(what, self.client.probe_ids, self.backoff, log, self.server)
         log_ids_way(self.client.base_url, way)
+        if self.settings.concurrency == "auto":
+            what = f"asking {self.client.base_url} for its max_running_requests"
+            cap = await until_done(
+                what, self.client.max_running_requests, self.backoff, log, self.server
+            )
+            self._use_concurrency(cap)
         log.info(
             "generating with model %s (%s family) on %s, %d in flight",
             self.client.model,
             self.client.family.name,
             self.client.base_url,
-            self.settings.concurrency,
+            self.concurrency,
         )
         self._server_up.set()
         self._ready.set()
 
+    def _use_concurrency(self, cap: int | None) -> None:
+        if cap is None:
+            log.warning(
+                "server %s does not say its max_running_requests; keeping %d in flight "
+                "(--concurrency N sets it)",
+                self.client.base_url,
+                self.concurrency,
+            )
+            return
+        self.concurrency = cap
+        # nothing holds a slot yet: submit() waits for _ready, which is set after this
+        self._slots = asyncio.Semaphore(cap)
+
+    def start_soon(self) -> None:
+        """`start()` in the background, once: the agent calls it as it starts, so the server is
+        asked while the consumer joins its group, not after (Faust starts app tasks only then)."""
+        if self._starting is None:
+            self._starting = asyncio.create_task(self.start())
+            self._starting.add_done_callback(_report_failed_start)
+
     async def stop(self) -> None:
+        if self._starting:
+            self._starting.cancel()
         for task in list(self._tasks):
             task.cancel()
         if self._prober:

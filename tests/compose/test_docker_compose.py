@@ -153,6 +153,17 @@ def test_scaling_is_editing_the_list() -> None:
     ]
     b = command(services["generate-b"])
     assert b[b.index("--concurrency") + 1] == "32"
+    sglang_b = command(services["sglang-b"])
+    assert sglang_b[sglang_b.index("--max-running-requests") + 1] == "32"
+
+
+def test_concurrency_auto_lets_sglang_size_its_batch() -> None:
+    servers = parse_servers("a gpus=0 concurrency=auto\nfar http://x:1 concurrency=auto")
+    services = load(render(servers))["services"]
+    for name in ("generate-a", "generate-far"):
+        worker = command(services[name])
+        assert worker[worker.index("--concurrency") + 1] == "auto"
+    assert "--max-running-requests" not in command(services["sglang-a"])
 
 
 @pytest.mark.parametrize(
@@ -166,6 +177,7 @@ def test_scaling_is_editing_the_list() -> None:
         ("a gpus=x", "device ids"),
         ("a gpus=0 speed=9", "unknown field"),
         ("ok gpus=0\nb gpus=1 concurrency=0", "line 2"),
+        ("a gpus=0 concurrency=lots", "positive integer or auto"),
     ],
 )
 def test_bad_server_lists_are_refused_with_the_line(text: str, message: str) -> None:

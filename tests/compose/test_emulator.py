@@ -602,6 +602,26 @@ def test_generate_native(start_emulator: StartEmulator, family: str) -> None:
 # -- health and info --------------------------------------------------------------------------
 
 
+def test_server_info_tells_the_running_cap(start_emulator: StartEmulator) -> None:
+    """As SGLang: the flag at the top level (null when not given) and the scheduler's cap in
+    each rank's internal state, under both names of the endpoint."""
+
+    async def scenario() -> None:
+        async with start_emulator("qwen36", max_running_requests=12) as emu:
+            for path in ("/server_info", "/get_server_info"):
+                status, info = await get(emu, path)
+                assert status == 200
+                assert info["max_running_requests"] == 12
+                assert info["internal_states"][0]["effective_max_running_requests_per_dp"] == 12
+        async with start_emulator("qwen36") as emu:  # no cap: it says none
+            for path in ("/server_info", "/get_server_info"):
+                _, info = await get(emu, path)
+                assert info["max_running_requests"] is None
+                assert "effective_max_running_requests_per_dp" not in info["internal_states"][0]
+
+    asyncio.run(scenario())
+
+
 def test_health_and_info_endpoints(start_emulator: StartEmulator) -> None:
     async def scenario() -> None:
         async with start_emulator("kimi_k26", max_model_len=8192, model="kimi-k2.6") as emu:

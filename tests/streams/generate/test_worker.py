@@ -372,6 +372,37 @@ def test_start_waits_for_the_server_and_prompts_wait_for_start() -> None:
     run(scenario)
 
 
+def test_start_soon_starts_once_in_the_background() -> None:
+    """The agent calls it as it starts (a restarted agent calls it again): one start, which
+    an early prompt waits for; stop() cancels a start still waiting for the server."""
+
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        client.discover_failures = 2
+        worker = worker_for(client, kafka)
+        early = asyncio.create_task(worker.submit(kafka.event(0, "p0")))
+        worker.start_soon()
+        first = worker._starting
+        worker.start_soon()
+        assert worker._starting is first
+        await early
+        await until(lambda: kafka.acked() == [0], "the early prompt acked")
+        assert client.model == "fake-model" and client.discover_failures == 0
+        await worker.stop()
+
+        down = FakeClient()
+        down.discover_failures = 10**6
+        stuck = worker_for(down, FakeKafka())
+        stuck.start_soon()
+        await until(lambda: down.discover_failures < 10**6, "a discovery attempt")
+        await stuck.stop()
+        assert stuck._starting is not None
+        await until(lambda: stuck._starting is not None and stuck._starting.done(), "cancelled")
+        assert stuck._starting.cancelled()
+
+    run(scenario)
+
+
 # -- each prompt once: the ledger, stealing ---------------------------------------------------
 
 
