@@ -182,6 +182,8 @@ def test_kafka_broker_outage(pipeline, infra, write_prompts) -> None:
     summary = pipeline.publish(write_prompts(80))
     expected = set(summary.prompt_ids)
     wait_for(lambda: topic_size(pipeline.kafka) >= 10, 120, "some completions")
+    # both stages running (the generate worker starts faster than the tokenize one)
+    wait_for(lambda: pipeline.store().markers(), 120, "the tokenize worker's first shard")
     metrics = wait_for(lambda: metrics_url(generate), 60, "the generate worker's metrics URL")
 
     def holding_undelivered() -> bool:

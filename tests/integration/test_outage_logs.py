@@ -43,20 +43,24 @@ def test_a_broker_stop_is_a_few_log_lines_per_worker(pipeline, infra, write_prom
     summary = pipeline.publish(write_prompts(120))
     expected = set(summary.prompt_ids)
     wait_for(lambda: asyncio.run(_written(pipeline.kafka)) >= 10, 120, "some completions")
+    # both stages running (the generate worker starts faster than the tokenize one)
+    wait_for(lambda: pipeline.store().markers(), 120, "the tokenize worker's first shard")
 
     before = {w.name: len(lines(w.log_path)) for w in workers}
     infra.kafka.stop()
     stopped = time.monotonic()
-    # the broker stays down OUTAGE_S; meanwhile each worker says so (once)
-    wait_for(
-        lambda: (
-            time.monotonic() - stopped >= OUTAGE_S
-            and all("broker unreachable since" in w.log_path.read_text() for w in workers)
-        ),
-        OUTAGE_S + 60,
-        "every worker to report the broker unreachable",
-    )
-    infra.kafka.restart()
+    try:
+        # the broker stays down OUTAGE_S; meanwhile each worker says so (once)
+        wait_for(
+            lambda: (
+                time.monotonic() - stopped >= OUTAGE_S
+                and all("broker unreachable since" in w.log_path.read_text() for w in workers)
+            ),
+            OUTAGE_S + 60,
+            "every worker to report the broker unreachable",
+        )
+    finally:
+        infra.kafka.restart()  # the next tests of this xdist worker share the broker
     wait_for(
         lambda: all("broker reconnected after" in w.log_path.read_text() for w in workers),
         120,
