@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +31,7 @@ from compose.tiny_tokenizers import build_qwen36_tokenizer
 from producers.publish import publish
 from producers.sources import parse_source_spec
 from streams.core.settings import GENERATE_GROUP, PROMPTS, KafkaSettings
+from tests.integration.probes import emulator_stats, stable_members
 
 PARTITIONS = 16
 
@@ -48,24 +47,6 @@ class Result:
     @property
     def per_s(self) -> float:
         return self.prompts / self.seconds
-
-
-def _stats(url: str) -> dict[str, int]:
-    with urllib.request.urlopen(f"{url}/stats", timeout=5) as response:
-        return dict(json.loads(response.read()))
-
-
-async def _members(kafka: KafkaSettings) -> int:
-    admin = AIOKafkaAdminClient(**kafka.aiokafka_kwargs())
-    await admin.start()
-    try:
-        described = await admin.describe_consumer_groups([kafka.group(GENERATE_GROUP)])
-        groups = described[0].groups if hasattr(described[0], "groups") else []
-        return sum(len(g[5]) for g in groups if g[2] == "Stable")
-    except Exception:
-        return 0
-    finally:
-        await admin.close()
 
 
 async def _lag(kafka: KafkaSettings, admin: AIOKafkaAdminClient, consumer: AIOKafkaConsumer) -> int:
@@ -87,7 +68,7 @@ async def _watch(kafka: KafkaSettings, urls: list[str], fast: list[str]) -> tupl
     try:
         while True:
             now = time.monotonic()
-            running = [_stats(u)["running"] for u in fast]
+            running = [emulator_stats(u)["running"] for u in fast]
             if any(running):
                 last_fast_busy = now
             if await _lag(kafka, admin, consumer) == 0:
@@ -135,7 +116,8 @@ def scenario(
         log = ["--log-level", "INFO"]  # the thieves log what they took
         procs.append(stack.start_worker(f"gen-{label}", [*log, *argv, *common, *extra]))
     deadline = time.monotonic() + 120
-    while asyncio.run(_members(kafka)) < len(urls):  # all joined: no rebalance mid-measure
+    # all joined: no rebalance mid-measure
+    while asyncio.run(stable_members(kafka, GENERATE_GROUP)) < len(urls):
         if time.monotonic() > deadline:
             raise RuntimeError(f"{label}: workers did not join")
         time.sleep(0.5)
@@ -145,7 +127,7 @@ def scenario(
     asyncio.run(publish(kafka, [parse_source_spec(str(source))], progress=False))
     seconds, tail = asyncio.run(_watch(kafka, urls, fast))
     # each worker's first request is its probe for token ids (streams/generate/exact_ids.py)
-    requests = sum(_stats(u)["requests"] for u in urls) - len(urls)
+    requests = sum(emulator_stats(u)["requests"] for u in urls) - len(urls)
     for process in reversed(procs):
         process.stop()
     return Result(label, seconds, prompts, tail, requests)

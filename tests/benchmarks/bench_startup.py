@@ -17,17 +17,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -38,42 +35,25 @@ from streams.core.normalize import prompt_id
 from streams.core.records import PromptRecord
 from streams.core.settings import GENERATE_GROUP, PROMPTS, KafkaSettings
 from streams.core.topics import ensure_topics
+from tests.integration.probes import emulator_stats, stable_members
 
 PARTITIONS = 16
 READY_LINE = "generating with model"
 
 
-def _stats(url: str) -> dict[str, object]:
-    with urllib.request.urlopen(f"{url}/stats", timeout=5) as response:
-        return dict(json.loads(response.read()))
-
-
 def _requests(url: str) -> int:
-    return int(_stats(url)["requests"])  # type: ignore[call-overload]
+    return int(emulator_stats(url)["requests"])
 
 
 def _request_seen(url: str, count: int, timeout: float = 60.0) -> float:
     """Wait until the emulator has had `count` requests; the wall time of the latest one."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        stats = _stats(url)
-        if int(stats["requests"]) >= count:  # type: ignore[call-overload]
-            return float(stats["last_request_at"])  # type: ignore[arg-type]
+        stats = emulator_stats(url)
+        if int(stats["requests"]) >= count:
+            return float(stats["last_request_at"])
         time.sleep(0.01)
     raise RuntimeError(f"no request #{count} at {url} within {timeout} s")
-
-
-async def _stable_members(kafka: KafkaSettings) -> int:
-    admin = AIOKafkaAdminClient(**kafka.aiokafka_kwargs())
-    await admin.start()
-    try:
-        described = await admin.describe_consumer_groups([kafka.group(GENERATE_GROUP)])
-        groups = described[0].groups if hasattr(described[0], "groups") else []
-        return sum(len(g[5]) for g in groups if g[2] == "Stable")
-    except Exception:
-        return 0
-    finally:
-        await admin.close()
 
 
 def _wait_idle(worker: ManagedProcess, kafka: KafkaSettings, timeout: float = 120.0) -> None:
@@ -82,7 +62,7 @@ def _wait_idle(worker: ManagedProcess, kafka: KafkaSettings, timeout: float = 12
         if not worker.alive():
             raise RuntimeError(f"worker exited; see {worker.log_path}")
         joined = READY_LINE in worker.log_path.read_text(errors="replace")
-        if joined and asyncio.run(_stable_members(kafka)) >= 1:
+        if joined and asyncio.run(stable_members(kafka, GENERATE_GROUP)) >= 1:
             return
         time.sleep(0.2)
     raise RuntimeError(f"worker not idle within {timeout} s; see {worker.log_path}")

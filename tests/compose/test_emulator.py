@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ from compose.emulator.model import EmulatedModel
 from compose.process import free_port
 from streams.core.parsers import split_reasoning
 from tests.polling import wait_for_async
+from tests.weather import WEATHER_HISTORY, WEATHER_TOOLS
 
 # the fixtures' types (tests/compose/conftest.py: EmulatorHandle and its start_emulator factory)
 EmulatorHandle = Any
@@ -31,20 +33,6 @@ StartEmulator = Callable[..., AbstractAsyncContextManager[Any]]
 
 CONTEXT_MESSAGE = "The input ({n} tokens) is longer than the model's context length ({m} tokens)."
 THINKING_KWARG = {"qwen36": "enable_thinking", "kimi_k26": "thinking"}
-TOOLS: Any = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Weather for a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
 
 
 def user(text: str) -> list[dict[str, Any]]:
@@ -461,28 +449,13 @@ def test_drift_changes_ids_not_text(start_emulator: StartEmulator, family: str) 
 
 def test_tool_calls(start_emulator: StartEmulator, family: str) -> None:
     async def scenario() -> None:
-        history: Any = [
-            {"role": "user", "content": "Weather in Oslo?"},
-            {
-                "role": "assistant",
-                "content": "",
-                "tool_calls": [
-                    {
-                        "id": "functions.get_weather:0",
-                        "type": "function",
-                        "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
-                    }
-                ],
-            },
-            {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "sunny"},
-            {"role": "user", "content": "And in Paris?"},
-        ]
+        history = copy.deepcopy(WEATHER_HISTORY)
         async with start_emulator(family, tool_call_rate=1.0) as emu:
             async with client_for(emu) as client:
                 response: Any = await client.chat.completions.create(
                     model=emu.engine.settings.model,
                     messages=history,
-                    tools=TOOLS,
+                    tools=WEATHER_TOOLS,
                     extra_body={"return_token_ids": True},
                 )
             plain = await chat(emu, user("no tools here"))

@@ -19,6 +19,20 @@ from compose.process import ManagedProcess
 from streams.core.settings import COMPLETIONS, KafkaSettings
 
 
+async def stable_members(kafka: KafkaSettings, group: str) -> int:
+    """Members of the consumer group `group` (a stage's name) once it is Stable; 0 meanwhile."""
+    admin = AIOKafkaAdminClient(**kafka.aiokafka_kwargs())
+    await admin.start()
+    try:
+        described = await admin.describe_consumer_groups([kafka.group(group)])
+        groups = described[0].groups if hasattr(described[0], "groups") else []
+        return sum(len(g[5]) for g in groups if g[2] == "Stable")
+    except Exception:  # no group yet, or a coordinator still being elected
+        return 0
+    finally:
+        await admin.close()
+
+
 def emulator_stats(url: str) -> dict[str, Any]:
     """The emulated server's counters (its GET /stats): requests, completed, errors by kind…"""
     with urllib.request.urlopen(f"{url}/stats", timeout=5) as response:

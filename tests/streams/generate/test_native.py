@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -18,22 +19,9 @@ from streams.core.tokenizers import load_tokenizer
 from streams.generate.client import SGLangClient
 from streams.generate.native import NativeChat
 from streams.generate.worker import GenerateWorker
+from tests.weather import WEATHER_HISTORY, WEATHER_TOOLS
 
 StartEmulator = Callable[..., AbstractAsyncContextManager[Any]]
-TOOLS: Any = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Weather for a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
 FAMILIES = ["kimi_k26", "qwen36"]
 
 
@@ -109,23 +97,8 @@ def test_native_splits_tool_calls_as_the_chat_endpoint(
 ) -> None:
     """/generate knows no tools, so the emulator writes no call there: the chat endpoint's raw
     output ids, read as /generate would return them, must parse to the chat endpoint's answer."""
-    history = [
-        {"role": "user", "content": "Weather in Oslo?"},
-        {
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [
-                {
-                    "id": "functions.get_weather:0",
-                    "type": "function",
-                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
-                }
-            ],
-        },
-        {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "sunny"},
-        {"role": "user", "content": "And in Paris?"},
-    ]
-    prompt = PromptRecord(prompt_id="p1", messages=history, tools=TOOLS)
+    history = copy.deepcopy(WEATHER_HISTORY)
+    prompt = PromptRecord(prompt_id="p1", messages=history, tools=WEATHER_TOOLS)
 
     async def scenario() -> tuple[CompletionRecord, Any]:
         async with start_emulator(family, tool_call_rate=1.0) as emu:
