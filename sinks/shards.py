@@ -16,6 +16,7 @@ from typing import Any
 
 import fsspec
 import numpy as np
+import numpy.typing as npt
 import orjson
 import pyarrow as pa
 
@@ -40,12 +41,16 @@ SHARD_SCHEMA = pa.schema(
 )
 
 
+# a row's ids or mask: numpy arrays from the tokenize stage, lists elsewhere
+Tokens = Sequence[int] | npt.NDArray[np.integer[Any]]
+
+
 @dataclass
 class SampleRow:
     prompt_id: str
     source: str
-    input_ids: Sequence[int]
-    loss_mask: Sequence[int]
+    input_ids: Tokens
+    loss_mask: Tokens
     finish_reason: str
     token_source: str
     drift: bool | None = None
@@ -60,7 +65,7 @@ class SampleRow:
         return len(self.input_ids)
 
 
-def _list_array(rows: Sequence[Sequence[int]], dtype: Any, arrow_type: pa.DataType) -> pa.Array:
+def _list_array(rows: Sequence[Tokens], dtype: Any, arrow_type: pa.DataType) -> pa.Array:
     # One flat buffer plus offsets: no per-element Python objects on the Arrow side.
     lengths = np.fromiter((len(r) for r in rows), dtype=np.int32, count=len(rows))
     offsets = np.zeros(len(rows) + 1, dtype=np.int32)
@@ -80,7 +85,7 @@ def rows_to_table(rows: Sequence[SampleRow]) -> pa.Table:
             "input_ids": _list_array([r.input_ids for r in rows], np.int32, pa.int32()),
             "loss_mask": _list_array(masks, np.int8, pa.int8()),
             "num_tokens": pa.array([len(r.input_ids) for r in rows], pa.int32()),
-            "num_loss_tokens": pa.array([int(sum(m)) for m in masks], pa.int32()),
+            "num_loss_tokens": pa.array([int(np.count_nonzero(m)) for m in masks], pa.int32()),
             "finish_reason": pa.array([r.finish_reason for r in rows], pa.string()),
             "token_source": pa.array([r.token_source for r in rows], pa.string()),
             "drift": pa.array([r.drift for r in rows], pa.bool_()),

@@ -3,9 +3,10 @@
 Every value is orjson with ``"v": 1``; keys are the ``prompt_id`` as UTF-8.
 
 A completion's token ids are written packed (see `pack_ids`): a 128K-token output is 700 KB
-of base64 instead of ~830 KB of JSON numbers (6-digit ids), and decodes in one numpy call.
+of base64 instead of ~830 KB of JSON numbers (6-digit ids), and decodes in one numpy call
+into a uint32 array that the tokenize stage passes on to Arrow without a Python int per token.
 Records written before, with JSON lists under ``prompt_token_ids`` / ``output_token_ids``,
-are still read.
+are still read (as lists).
 """
 
 from __future__ import annotations
@@ -19,11 +20,16 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 import orjson
 
 SCHEMA_VERSION = 1
 
 Message = dict[str, Any]
+_UINT32 = np.dtype("<u4")
+# token ids: a list where they are made (the generate client, old records), a read-only uint32
+# array where packed ids are decoded
+TokenIds = list[int] | npt.NDArray[np.uint32]
 
 
 # dead-letter kinds of the sample policy (streams/tokenize/policies.py): drops, not failures
@@ -93,6 +99,8 @@ def seconds(value: Any) -> str | None:
 def token_ids(value: Any) -> str | None:
     """Token ids: integers >= 0 (the vocabulary bound is the tokenizer's, checked there).
     One numpy conversion, not a Python loop per token."""
+    if isinstance(value, np.ndarray) and value.dtype == _UINT32 and value.ndim == 1:
+        return None  # unpacked: integers >= 0 by construction
     if not isinstance(value, list):
         return f"expected a list of token ids, got {_kind(value)}"
     if not value:
@@ -136,13 +144,14 @@ PACKED_IDS = {
     "prompt_token_ids": "prompt_token_ids_u32",
     "output_token_ids": "output_token_ids_u32",
 }
-_UINT32 = np.dtype("<u4")
 
 
 def pack_ids(ids: Any) -> str | None:
     """The ids as base64 of little-endian uint32, or None when they are not all integers in
     [0, 2**32) (such ids stay a JSON list, so the tokenize stage dead-letters them as now)."""
-    if not isinstance(ids, list):
+    if isinstance(ids, np.ndarray) and ids.dtype == _UINT32 and ids.ndim == 1:
+        return base64.b64encode(ids.tobytes()).decode("ascii")  # unpacked: valid as it is
+    if not isinstance(ids, list | np.ndarray):
         return None
     try:
         array = np.asarray(ids)
@@ -157,8 +166,8 @@ def pack_ids(ids: Any) -> str | None:
     return base64.b64encode(array.astype(_UINT32).tobytes()).decode("ascii")
 
 
-def unpack_ids(packed: Any) -> list[int]:
-    """The inverse of `pack_ids`; every id it yields is an integer >= 0 by construction."""
+def unpack_ids(packed: Any) -> npt.NDArray[np.uint32]:
+    """The inverse of `pack_ids`, as a read-only uint32 array (ids >= 0 by construction)."""
     if not isinstance(packed, str):
         raise RecordError("bad_token_ids", f"packed ids: expected a string, got {_kind(packed)}")
     try:
@@ -167,8 +176,22 @@ def unpack_ids(packed: Any) -> list[int]:
         raise RecordError("bad_token_ids", f"packed ids are not base64: {err}") from None
     if len(raw) % _UINT32.itemsize:
         raise RecordError("bad_token_ids", f"packed ids: {len(raw)} bytes is not whole uint32s")
-    ids: list[int] = np.frombuffer(raw, dtype=_UINT32).tolist()
-    return ids
+    return np.frombuffer(raw, dtype=_UINT32)
+
+
+def equal_fields(a: Any, b: Any) -> bool:
+    """Dataclass equality where fields may be numpy arrays (compared by value, equal to the
+    same values as a list): `==` on a tuple of arrays raises."""
+    if type(a) is not type(b):
+        return False
+    for f in fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+            if x is None or y is None or not np.array_equal(x, y):
+                return False
+        elif x != y:
+            return False
+    return True
 
 
 class _Record:
@@ -278,13 +301,19 @@ class CompletionRecord(_Record):
     finish_reason: str | None = None
     usage: dict[str, Any] = field(default_factory=dict)
     # the server's own token ids, when it returned them
-    prompt_token_ids: list[int] | None = None
-    output_token_ids: list[int] | None = None
+    prompt_token_ids: TokenIds | None = None
+    output_token_ids: TokenIds | None = None
     model: str = ""
     server: str = ""
     sampling: dict[str, Any] = field(default_factory=dict)
     latency_s: float = 0.0
     completed_at: float = field(default_factory=time.time)
+
+    def __eq__(self, other: object) -> bool:
+        # decoded ids are arrays: compared by value, equal to the same ids as a list
+        if not isinstance(other, CompletionRecord):
+            return NotImplemented
+        return equal_fields(self, other)
 
     def to_dict(self) -> dict[str, Any]:
         data = super().to_dict()

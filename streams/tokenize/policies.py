@@ -23,6 +23,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
+from sinks.shards import Tokens
 from streams.core.records import POLICY_PREFIX, CompletionRecord
 from streams.core.settings import SamplePolicy
 from streams.tokenize.samples import Sample, SampleBuilder, SampleError
@@ -117,11 +120,12 @@ class PolicySampleBuilder(SampleBuilder):
         return sample
 
 
-def longest_run(mask: Sequence[int]) -> int:
+def longest_run(mask: Tokens) -> int:
     """Longest run of ones in a 0/1 mask; bytes.split runs in C, not a loop per token."""
-    if not mask:
+    if len(mask) == 0:
         return 0
-    return max(len(run) for run in bytes(mask).split(b"\x00"))
+    data = np.asarray(mask, dtype=np.int8).tobytes()
+    return max(len(run) for run in data.split(b"\x00"))
 
 
 def _token_id(tokenizer: Any, token: str) -> int | None:

@@ -35,16 +35,21 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 import numpy as np
+import numpy.typing as npt
 import tiktoken
 
 from streams.core.families import FamilyProfile
-from streams.core.records import CompletionRecord, Message
+from streams.core.records import CompletionRecord, Message, equal_fields
 from streams.core.templates import template_tools
 
 TokenSource = Literal["server", "rendered"]
 TOKEN_SOURCES: tuple[TokenSource, ...] = ("server", "rendered")
 # a decoded token in a drift cause, repr'd, is cut to this many characters
 CAUSE_TOKEN_CHARS = 40
+# a sample's ids and mask are numpy arrays of the shard's column types, from the record's
+# packed ids or the encoder's lists straight to Arrow, with no Python int per token between
+Ids = npt.NDArray[np.int32]
+Mask = npt.NDArray[np.int8]
 
 
 @dataclass(frozen=True)
@@ -79,8 +84,8 @@ class DriftCause:
 
 @dataclass
 class Sample:
-    input_ids: list[int]
-    loss_mask: list[int]
+    input_ids: Ids
+    loss_mask: Mask
     token_source: TokenSource
     # rendered ids differ from the server's (None: not measured)
     drift: bool | None = None
@@ -91,13 +96,16 @@ class Sample:
     # cut to the policy's --max-seq-len (streams/policies.py)
     truncated: bool = False
 
+    def __eq__(self, other: object) -> bool:
+        return equal_fields(self, other) if isinstance(other, Sample) else NotImplemented
+
     @property
     def num_tokens(self) -> int:
         return len(self.input_ids)
 
     @property
     def num_loss_tokens(self) -> int:
-        return sum(self.loss_mask)
+        return int(np.count_nonzero(self.loss_mask))
 
 
 class SampleError(Exception):
@@ -254,7 +262,7 @@ class SampleBuilder:
 
     def _encode(
         self, rendered: dict[int, RenderedText | SampleError]
-    ) -> dict[int, tuple[list[int], int] | SampleError]:
+    ) -> dict[int, tuple[Ids, int] | SampleError]:
         """(ids, prompt length) per rendered completion, from one batch encode: the prompt and
         the turn encoded separately, as the server encodes the prompt and the model samples."""
         pieces = {
@@ -270,7 +278,7 @@ class SampleBuilder:
             raise
         except BaseException:  # incl. tiktoken's PanicException: retry one by one below
             batch = None
-        out: dict[int, tuple[list[int], int] | SampleError] = {}
+        out: dict[int, tuple[Ids, int] | SampleError] = {}
         position = 0
         for i, item in rendered.items():
             if isinstance(item, SampleError):
@@ -287,7 +295,8 @@ class SampleBuilder:
                 except BaseException as err:
                     out[i] = SampleError("encode_error", f"{type(err).__name__}: {err}")
                     continue
-            out[i] = (prompt_ids + turn_ids, len(prompt_ids))
+            ids = np.array(prompt_ids + turn_ids, dtype=np.int32)
+            out[i] = (ids, len(prompt_ids))
         return out
 
     def _encode_texts(self, texts: list[str]) -> list[list[int]]:
@@ -308,7 +317,7 @@ class SampleBuilder:
     def _assemble(
         self,
         completion: CompletionRecord,
-        rendered: tuple[list[int], int] | SampleError | None,
+        rendered: tuple[Ids, int] | SampleError | None,
     ) -> Sample | SampleError:
         server = _server_ids(completion, self._vocab_size)
         assert not isinstance(server, SampleError)  # checked in build_many
@@ -319,28 +328,28 @@ class SampleBuilder:
             sample = Sample(ids, _mask(prompt_len, len(ids) - prompt_len), "rendered")
         else:
             prompt_ids, output_ids = server
-            ids = prompt_ids + output_ids
+            ids = np.concatenate([prompt_ids, output_ids])
             sample = Sample(ids, _mask(len(prompt_ids), len(output_ids)), "server")
         if server is not None and isinstance(rendered, tuple):
-            server_all = server[0] + server[1]
-            sample.drift = rendered[0] != server_all
+            server_all = sample.input_ids if sample.token_source == "server" else None
+            if server_all is None:
+                server_all = np.concatenate(server)
+            sample.drift = not np.array_equal(rendered[0], server_all)
             if sample.drift:
                 sample.drift_position = _first_difference(rendered[0], server_all)
                 sample.drift_cause = self._drift_cause(server, rendered)
         return self._checked(sample)
 
-    def _drift_cause(
-        self, server: tuple[list[int], list[int]], rendered: tuple[list[int], int]
-    ) -> DriftCause:
+    def _drift_cause(self, server: tuple[Ids, Ids], rendered: tuple[Ids, int]) -> DriftCause:
         """Only for drifted samples: two single-token decodes, no pass over the whole sample."""
         ids, prompt_len = rendered
         side: Literal["prompt", "turn"] = "prompt"
         ours, theirs, offset = ids[:prompt_len], server[0], 0
-        if ours == theirs:
+        if np.array_equal(ours, theirs):
             side, ours, theirs, offset = "turn", ids[prompt_len:], server[1], prompt_len
         at = _first_difference(ours, theirs)
-        server_token = theirs[at] if at < len(theirs) else None
-        rendered_token = ours[at] if at < len(ours) else None
+        server_token = int(theirs[at]) if at < len(theirs) else None
+        rendered_token = int(ours[at]) if at < len(ours) else None
         server_text, rendered_text = (
             self._token_text(server_token),
             self._token_text(rendered_token),
@@ -363,12 +372,12 @@ class SampleBuilder:
         return text
 
     def _checked(self, sample: Sample) -> Sample | SampleError:
-        if sample.input_ids and max(sample.input_ids) >= self._vocab_size:
+        top = int(sample.input_ids.max()) if len(sample.input_ids) else -1
+        if top >= self._vocab_size:
             return SampleError(
-                "token_out_of_range",
-                f"token id {max(sample.input_ids)} >= vocabulary size {self._vocab_size}",
+                "token_out_of_range", f"token id {top} >= vocabulary size {self._vocab_size}"
             )
-        loss = sum(sample.loss_mask)
+        loss = sample.num_loss_tokens
         if loss < self.min_loss_tokens:
             return SampleError(
                 "too_few_loss_tokens", f"{loss} supervised tokens (< {self.min_loss_tokens})"
@@ -531,41 +540,43 @@ def _count_calls(messages: Iterable[Message]) -> int:
 
 def _server_ids(
     completion: CompletionRecord, vocab_size: int
-) -> tuple[list[int], list[int]] | SampleError | None:
-    """The server's (prompt, output) ids, checked before any sample is built from them:
-    integers, `0 <= id < vocab_size`, a non-empty output. One numpy pass, no loop per token."""
+) -> tuple[Ids, Ids] | SampleError | None:
+    """The server's (prompt, output) ids as int32 arrays, checked before any sample is built
+    from them: integers, `0 <= id < vocab_size`, a non-empty output. One numpy pass each."""
     prompt, output = completion.prompt_token_ids, completion.output_token_ids
     if prompt is None and output is None:
         return None
-    if not isinstance(prompt, list) or not isinstance(output, list):
+    if prompt is None or output is None:
         return SampleError("bad_token_ids", "only one of prompt/output token ids is present")
-    if not output:
+    if len(output) == 0:
         return SampleError("bad_token_ids", "the server returned no output token ids")
+    arrays: list[Ids] = []
     for name, ids in (("prompt", prompt), ("output", output)):
-        if not ids:
-            continue
         try:
             array = np.asarray(ids)
         except ValueError:
             array = np.asarray([], dtype=object)
-        if array.ndim != 1 or array.dtype.kind not in "iu":
+        if len(ids) and (array.ndim != 1 or array.dtype.kind not in "iu"):
             return SampleError("bad_token_ids", f"{name} token ids are not all integers")
-        low, high = int(array.min()), int(array.max())
-        if low < 0 or high >= vocab_size:
-            bad = low if low < 0 else high
-            return SampleError(
-                "token_out_of_range",
-                f"{name} token id {bad} outside [0, {vocab_size}) (the vocabulary)",
-            )
-    return prompt, output
+        if array.size:
+            low, high = int(array.min()), int(array.max())
+            if low < 0 or high >= vocab_size:
+                bad = low if low < 0 else high
+                return SampleError(
+                    "token_out_of_range",
+                    f"{name} token id {bad} outside [0, {vocab_size}) (the vocabulary)",
+                )
+        arrays.append(array.astype(np.int32))  # < vocab_size: fits the shard's int32 column
+    return arrays[0], arrays[1]
 
 
-def _mask(zeros: int, ones: int) -> list[int]:
-    return [0] * zeros + [1] * ones
+def _mask(zeros: int, ones: int) -> Mask:
+    mask = np.zeros(zeros + ones, dtype=np.int8)
+    mask[zeros:] = 1
+    return mask
 
 
-def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
-    for index, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return index
-    return min(len(a), len(b))
+def _first_difference(a: Ids, b: Ids) -> int:
+    common = min(len(a), len(b))
+    differ = np.flatnonzero(a[:common] != b[:common])
+    return int(differ[0]) if differ.size else common

@@ -25,6 +25,7 @@ from streams.core.records import CompletionRecord
 from streams.core.tokenizers import load_tokenizer
 from streams.core.turns import EVERY_TURN, FINAL, STOPPED, parse_turn_id, turn_prompt_id
 from streams.ops.progress import dataset_figures
+from tests.ids import as_list
 
 pytestmark = pytest.mark.integration
 
@@ -114,23 +115,23 @@ class Oracle:
 
     def outcome(self, c: CompletionRecord) -> str:
         """'sample', 'truncated' or the policy drop kind."""
-        output = c.output_token_ids or []
+        output = as_list(c.output_token_ids)
         if c.finish_reason == "length":
             return "policy_length"
         if not c.tool_calls and not c.content.strip():
             unclosed = (c.reasoning_content or "").strip() and self.think_close not in output
             return "policy_unclosed_think" if unclosed else "policy_empty_answer"
-        length = len(c.prompt_token_ids or []) + len(output)
+        length = len(as_list(c.prompt_token_ids)) + len(output)
         if length <= self.max_seq_len:
             return "sample"
         if self.over == "drop":
             return "policy_max_seq_len"
-        kept = self.max_seq_len - len(c.prompt_token_ids or [])
+        kept = self.max_seq_len - len(as_list(c.prompt_token_ids))
         return "truncated" if kept >= 2 else "policy_min_loss_run"
 
     def injected_drift(self, c: CompletionRecord) -> bool:
         """The emulator re-spelled some ids: the canonical encoding of the text differs."""
-        output = c.output_token_ids or []
+        output = as_list(c.output_token_ids)
         text = self.tokenizer.decode(output, skip_special_tokens=False)
         return bool(self.tokenizer.encode(text, add_special_tokens=False) != output)
 
@@ -235,7 +236,7 @@ def test_family_end_to_end(
     # -- tokens: server samples are exactly the server's ids -----------------------------
     for pid, row in rows.items():
         completion = completions[pid]
-        prompt_ids, output_ids = completion.prompt_token_ids or [], completion.output_token_ids
+        prompt_ids, output_ids = as_list(completion.prompt_token_ids), completion.output_token_ids
         assert row["token_source"] == "server"
         whole = prompt_ids + (output_ids or [])
         if expected[pid] == "truncated":

@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 from streams.core.records import CompletionRecord
+from tests.ids import as_list
 
 pytestmark = pytest.mark.integration
 
@@ -85,10 +86,10 @@ def test_long_completions_reach_a_shard_and_an_oversized_one_is_a_dead_letter(
     assert {row["prompt_id"] for row in table} == long_ones
     for row in table:
         completion: CompletionRecord = completions[row["prompt_id"]]
-        output = completion.output_token_ids or []
+        output = as_list(completion.output_token_ids)
         assert len(output) >= OUTPUT_TOKENS
         assert row["token_source"] == "server"
-        assert row["input_ids"] == (completion.prompt_token_ids or []) + output
+        assert row["input_ids"] == as_list(completion.prompt_token_ids) + output
         assert row["num_loss_tokens"] == len(output)
 
     # compressed on the topic: the broker's log holds far less than the records' bytes

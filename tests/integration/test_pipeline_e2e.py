@@ -8,6 +8,7 @@ import pyarrow as pa
 import pytest
 
 from streams.core.tokenizers import load_tokenizer
+from tests.ids import as_list
 
 pytestmark = pytest.mark.integration
 
@@ -37,8 +38,8 @@ def test_300_prompts_end_to_end_on_kafka_and_s3(pipeline, write_prompts) -> None
         completion = completions[row["prompt_id"]]
         masked = [t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m]
         assert row["token_source"] == "server"
-        assert masked == completion.output_token_ids
-        prompt_ids = completion.prompt_token_ids or []
+        assert masked == as_list(completion.output_token_ids)
+        prompt_ids = as_list(completion.prompt_token_ids)
         assert row["input_ids"][: len(prompt_ids)] == prompt_ids
         assert row["num_loss_tokens"] == len(masked)
         text = tokenizer.decode(masked)

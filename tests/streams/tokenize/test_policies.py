@@ -16,6 +16,7 @@ from streams.core.records import CompletionRecord, is_policy_drop
 from streams.core.settings import SamplePolicy
 from streams.tokenize.policies import PolicyDrop, PolicySampleBuilder, longest_run
 from streams.tokenize.samples import Sample, SampleBuilder, SampleError
+from tests.ids import as_list
 
 USER = [{"role": "user", "content": "What is 2 + 2?"}]
 
@@ -40,7 +41,7 @@ def make_builder(
 def with_server_ids(builder: PolicySampleBuilder, completion: CompletionRecord) -> CompletionRecord:
     """The completion as the emulator would return it: its canonical rendering as ids."""
     sample = SampleBuilder(builder.tokenizer, builder.profile).build(completion)
-    start = sample.loss_mask.index(1)
+    start = as_list(sample.loss_mask).index(1)
     return replace(
         completion,
         prompt_token_ids=sample.input_ids[:start],
@@ -92,16 +93,16 @@ def test_unclosed_think_versus_empty_answer(
     # the server's ids tell: no </think> among them is unclosed; with it, an empty answer
     closed = with_server_ids(builder, answered(content=""))
     close_id = builder.tokenizer.convert_tokens_to_ids("</think>")
-    assert close_id in (closed.output_token_ids or [])
+    assert close_id in as_list(closed.output_token_ids)
     assert kind(builder.build_many([closed])[0]) == "policy_empty_answer"
     without = replace(
-        closed, output_token_ids=[t for t in closed.output_token_ids or [] if t != close_id]
+        closed, output_token_ids=[t for t in as_list(closed.output_token_ids) if t != close_id]
     )
     assert kind(builder.build_many([without])[0]) == "policy_unclosed_think"
     kept = make_builder(unclosed_think="keep").build_many([without])[0]
-    assert isinstance(kept, Sample) and kept.input_ids[-len(without.output_token_ids or []) :] == (
-        without.output_token_ids
-    )
+    assert isinstance(kept, Sample) and as_list(
+        kept.input_ids[-len(as_list(without.output_token_ids)) :]
+    ) == (without.output_token_ids)
 
 
 def test_empty_answer(make_builder: Callable[..., PolicySampleBuilder]) -> None:
@@ -109,7 +110,7 @@ def test_empty_answer(make_builder: Callable[..., PolicySampleBuilder]) -> None:
     assert kind(make_builder().build_many([empty])[0]) == "policy_empty_answer"
     server = replace(empty, prompt_token_ids=[1, 2, 3], output_token_ids=[4, 5])
     kept = make_builder(empty_answer="keep").build_many([server])[0]
-    assert isinstance(kept, Sample) and kept.input_ids == [1, 2, 3, 4, 5]
+    assert isinstance(kept, Sample) and as_list(kept.input_ids) == [1, 2, 3, 4, 5]
     # a tool call is an answer
     call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     assert make_builder().check_completion(replace(empty, tool_calls=[call])) is None
@@ -121,8 +122,8 @@ def test_max_seq_len_drops_or_truncates(make_builder: Callable[..., PolicySample
     assert kind(make_builder(max_seq_len=15).build_many([completion])[0]) == "policy_max_seq_len"
 
     cut = make_builder(max_seq_len=13, over_max_seq_len="truncate").build(completion)
-    assert cut.truncated and cut.input_ids == list(range(13))
-    assert cut.loss_mask == [0] * 10 + [1] * 3
+    assert cut.truncated and as_list(cut.input_ids) == list(range(13))
+    assert as_list(cut.loss_mask) == [0] * 10 + [1] * 3
     # cut into the prompt, or leaving one supervised token: too short a run for DFlash
     for limit in (10, 11):
         result = make_builder(max_seq_len=limit, over_max_seq_len="truncate").build_many(

@@ -23,6 +23,7 @@ from streams.tokenize.samples import (
     SampleError,
     template_tools,
 )
+from tests.ids import as_list
 
 FAMILIES = ("qwen36", "kimi_k26")
 SETTINGS = settings(
@@ -190,8 +191,8 @@ def expected_turn(fam: Family, completion: CompletionRecord) -> str:
 
 
 def split(sample: Sample) -> tuple[list[int], list[int]]:
-    start = sample.loss_mask.index(1)
-    return sample.input_ids[:start], sample.input_ids[start:]
+    start, ids = as_list(sample.loss_mask).index(1), as_list(sample.input_ids)
+    return ids[:start], ids[start:]
 
 
 # --- rendered samples ----------------------------------------------------------------------
@@ -209,10 +210,10 @@ def test_mask_covers_exactly_the_generated_turn(fam: Family, data: st.DataObject
     prompt = fam.template(completion.messages, completion.tools, add_generation_prompt=True)
     sample = fam.builder().build(completion)
     assert sample.token_source == "rendered" and sample.drift is None
-    assert len(sample.loss_mask) == len(sample.input_ids)
+    assert len(as_list(sample.loss_mask)) == len(as_list(sample.input_ids))
     prompt_ids, turn_ids = split(sample)
     # one contiguous run of ones at the end: nothing outside the turn is supervised
-    assert sample.loss_mask == [0] * len(prompt_ids) + [1] * len(turn_ids)
+    assert as_list(sample.loss_mask) == [0] * len(prompt_ids) + [1] * len(turn_ids)
     # ids(prompt) + ids(turn), each encoded alone, as at inference
     assert prompt_ids == encode(fam, prompt)
     assert turn_ids == encode(fam, turn)
@@ -238,8 +239,8 @@ def test_qwen_empty_reasoning_is_the_prompt_then_the_turn(
     prompt = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n"
     turn = "\n</think>\n\nHello!<|im_end|>"
     sample = qwen.builder().build(completion)
-    assert sample.input_ids == encode(qwen, prompt) + encode(qwen, turn)
-    assert sample.input_ids != encode(qwen, prompt + turn)  # the joint encoding merges
+    assert as_list(sample.input_ids) == encode(qwen, prompt) + encode(qwen, turn)
+    assert as_list(sample.input_ids) != encode(qwen, prompt + turn)  # the joint encoding merges
     prompt_ids, turn_ids = split(sample)
     assert prompt_ids == encode(qwen, prompt) and qwen.text(turn_ids) == turn
     think_close = qwen.tokenizer.convert_tokens_to_ids("</think>")
@@ -461,8 +462,8 @@ def test_server_ids_are_kept_as_given(fam: Family, data: st.DataObject) -> None:
     )
     sample = fam.builder(measure_drift=False).build(completion)
     assert sample.token_source == "server"
-    assert sample.input_ids == prompt_ids + output_ids
-    assert sample.loss_mask == [0] * len(prompt_ids) + [1] * len(output_ids)
+    assert as_list(sample.input_ids) == prompt_ids + output_ids
+    assert as_list(sample.loss_mask) == [0] * len(prompt_ids) + [1] * len(output_ids)
     assert sample.drift is None and sample.drift_position is None
 
 
@@ -486,15 +487,19 @@ def test_drift_is_measured_against_the_rendering(fam: Family, data: st.DataObjec
     output[position] = (output[position] + 1) % len(fam.tokenizer)
     drifted = replace(completion, output_token_ids=output)
     sample = fam.builder().build(drifted)
-    assert sample.input_ids == completion.prompt_token_ids + output  # still the server's
+    assert (
+        as_list(sample.input_ids) == as_list(completion.prompt_token_ids) + output
+    )  # still the server's
     assert sample.drift is True
-    assert sample.drift_position == len(completion.prompt_token_ids) + position
+    assert sample.drift_position == len(as_list(completion.prompt_token_ids)) + position
     assert sample.drift_cause is not None and sample.drift_cause.side == "turn"
     assert sample.drift_cause.position == sample.drift_position
 
     rendered = fam.builder(prefer="rendered").build(drifted)
     assert rendered.token_source == "rendered" and rendered.drift is True
-    assert rendered.input_ids == completion.prompt_token_ids + completion.output_token_ids
+    assert as_list(rendered.input_ids) == as_list(completion.prompt_token_ids) + as_list(
+        completion.output_token_ids
+    )
 
 
 def _one_token(fam: Family, text: str) -> int:
@@ -512,7 +517,7 @@ def _drifted(fam: Family) -> tuple[CompletionRecord, list[int], list[int]]:
         finish_reason="stop",
     )
     completion = _with_server_ids(fam, completion)
-    assert completion.prompt_token_ids and completion.output_token_ids
+    assert as_list(completion.prompt_token_ids) and as_list(completion.output_token_ids)
     return completion, list(completion.prompt_token_ids), list(completion.output_token_ids)
 
 
@@ -645,8 +650,8 @@ def test_prompt_ending_in_plain_text_is_not_merged_with_the_turn(
     sample = builder.build(completion)
     prompt_ids = tokenizer(rendered.prompt, add_special_tokens=False)["input_ids"]
     turn_ids = tokenizer(rendered.turn, add_special_tokens=False)["input_ids"]
-    assert sample.input_ids == prompt_ids + turn_ids
-    assert sample.loss_mask == [0] * len(prompt_ids) + [1] * len(turn_ids)
+    assert as_list(sample.input_ids) == prompt_ids + turn_ids
+    assert as_list(sample.loss_mask) == [0] * len(prompt_ids) + [1] * len(turn_ids)
 
 
 def test_build_many_keeps_order_and_reports_errors(fam: Family) -> None:
@@ -662,7 +667,7 @@ def test_build_many_keeps_order_and_reports_errors(fam: Family) -> None:
     huge = replace(good, prompt_token_ids=[1], output_token_ids=[len(fam.tokenizer)])
     results = fam.builder(measure_drift=False).build_many([good, half, server, empty, huge])
     assert isinstance(results[0], Sample) and results[0].token_source == "rendered"
-    assert isinstance(results[2], Sample) and results[2].input_ids == [1, 2, 3]
+    assert isinstance(results[2], Sample) and as_list(results[2].input_ids) == [1, 2, 3]
     kinds = [r.kind if isinstance(r, SampleError) else None for r in results]
     assert kinds == [None, "bad_token_ids", None, "bad_token_ids", "token_out_of_range"]
 

@@ -20,6 +20,7 @@ from streams.core.retry import Backoff
 from streams.tokenize.samples import DriftCause, Sample, SampleBuilder, SampleError
 from streams.tokenize.stage import TokenizeWorker
 from tests.bad_records import BAD_SHAPES, COMPLETION_FIELDS, completion_dict, with_field
+from tests.ids import as_list
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,10 @@ class FakeBuilder:
                 continue
             if completion.content == "raise":
                 raise RuntimeError("a bug in the builder")
-            prompt, output = completion.prompt_token_ids or [], completion.output_token_ids or []
+            prompt, output = (
+                as_list(completion.prompt_token_ids),
+                as_list(completion.output_token_ids),
+            )
             mask = [0] * len(prompt) + [1] * len(output)
             sample = Sample(prompt + output, mask, "server", drift=completion.server == "d")
             sample.drift_cause = CAUSE if sample.drift else None
