@@ -25,6 +25,9 @@ T = TypeVar("T")
 
 # waits out a storage outage: 1 s, 2 s, … up to a minute between attempts
 STORAGE_BACKOFF = Backoff(initial_s=1.0, max_s=60.0)
+# windows flushed at once: one building while the next is prepared (the encoder is parallel
+# already); intake waits beyond this, so memory stays bounded
+MAX_FLUSHING = 2
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,8 @@ class Prepared:
 
 
 class SinkStage(Protocol[T]):
-    """What the sink asks of the stage that feeds it. Called with the sink's lock held."""
+    """What the sink asks of the stage that feeds it: `admit` with the sink's lock held; the
+    others from a window's flush, which runs beside intake (one event loop, no lock)."""
 
     def admit(self, tp: Hashable, event: Event) -> Admitted[T]:
         """The event's item; the event belongs to the window and is acked with it."""
@@ -106,7 +110,11 @@ class ShardSink(Generic[T]):
       flush asks the stage for the rows and drops (`prepare`, which makes its dead letters
       durable), writes the shard, then its marker, each one durable write, then calls
       `committed`, then acks the window's events; faust commits acked offsets. Storage I/O is
-      retried with backoff until it succeeds; the window stays unacked meanwhile.
+      retried with backoff until it succeeds; the window stays unacked meanwhile. Flushes run
+      in the background while intake goes on (the build and the write of one window overlap
+      the decoding of the next), at most `MAX_FLUSHING` at a time; a partition's windows are
+      written and acked in offset order (faust commits an offset only when all before it are
+      acked, and a marker never lands before its predecessor's).
     - Keys and fencing. A window's key is (partition, start offset, the consumer-group
       generation in which the partition was adopted). Window bounds depend on timing (idle and
       memory flushes), so a rewrite after a crash or a rebalance may end elsewhere than the
@@ -128,7 +136,8 @@ class ShardSink(Generic[T]):
       being written when its partition is revoked is never acked. An event delivered before its
       partition was revoked (the agent waited for the lock, or was adopting) is dropped unacked:
       it must neither adopt the partition in the next generation nor join a window of it.
-    - Memory. Open windows hold at most `max_open_bytes` of records (plus the one being added).
+    - Memory. Open windows and those being written hold at most `max_open_bytes` of records
+      (plus the one being added): intake waits for writes when they would exceed it.
     """
 
     def __init__(
@@ -161,12 +170,17 @@ class ShardSink(Generic[T]):
         # stale, and an adoption the partition was revoked during does not hold
         self._revocations: dict[Hashable, int] = {}
         self._lock = asyncio.Lock()
+        # flushes in flight, oldest first; per partition, its latest (the next one waits on it)
+        self._flushing: list[asyncio.Task[None]] = []
+        self._flushing_bytes = 0
+        self._last_flush: dict[Hashable, asyncio.Task[None]] = {}
 
     async def add(self, event: Event) -> None:
         """Add a consumed event to its partition's window; flush what is full."""
         tp = event.message.tp
         offset = int(event.message.offset)
         revocations = self._revocations.get(tp, 0)  # as delivered, before any wait
+        self._raise_failed()
         async with self._lock:
             if tp not in self._adopted and self._revocations.get(tp, 0) == revocations:
                 await self._adopt(tp, offset)
@@ -196,6 +210,11 @@ class ShardSink(Generic[T]):
                 largest = max(self._windows, key=lambda key: self._windows[key].size)
                 self.stats.budget_flushes += 1
                 await self._flush(largest)
+            # windows being written count too: intake waits for them to free their bytes
+            while self._flushing_bytes + self.stats.open_bytes > self.max_open_bytes:
+                if not self._flushing:
+                    break
+                await self._wait_any()
 
     async def flush_idle(self) -> None:
         """Flush the windows open for `idle_flush_s` or longer (called by a timer)."""
@@ -203,6 +222,11 @@ class ShardSink(Generic[T]):
         async with self._lock:
             for tp in [tp for tp, w in self._windows.items() if w.opened_at <= deadline]:
                 await self._flush(tp)
+
+    async def drain(self) -> None:
+        """Wait for every flush in flight (a failed one raises here)."""
+        while self._flushing:
+            await self._wait_any()
 
     def on_revoked(self, partitions: Iterable[Hashable]) -> None:
         """Drop the partitions' open windows unacked (the new owner redoes them)."""
@@ -224,6 +248,10 @@ class ShardSink(Generic[T]):
         position, `generation()` the group generation of this assignment."""
         generation = self.generation()
         revocations = self._revocations.get(tp, 0)
+        if (writing := self._last_flush.get(tp)) is not None:
+            # this worker's own write of the partition (before a revocation) lands first, so
+            # that the markers read next include it
+            await asyncio.wait([writing])
         markers = await self._io("reading markers", self.store.markers, tp.partition)
         stale = [
             m for m in markers if m.start_offset >= first_offset and m.generation <= generation
@@ -250,11 +278,46 @@ class ShardSink(Generic[T]):
         )
 
     async def _flush(self, tp: Hashable) -> None:
+        """Start writing the partition's window; waits only while `MAX_FLUSHING` are busy."""
         window = self._windows.pop(tp, None)
         if window is None:
             return
         self._grow(-window.size)
-        prepared = await self.stage.prepare(window.items)
+        self._flushing_bytes += window.size
+        while len(self._flushing) >= MAX_FLUSHING:
+            await self._wait_any()
+        task = asyncio.create_task(self._write(tp, window, self._last_flush.get(tp)))
+        self._flushing.append(task)
+        self._last_flush[tp] = task
+
+    async def _wait_any(self) -> None:
+        """Until a flush in flight ends (a cancelled caller does not cancel the writes)."""
+        await asyncio.wait(self._flushing, return_when=asyncio.FIRST_COMPLETED)
+        self._raise_failed()
+
+    def _raise_failed(self) -> None:
+        """A flush that failed (a bug: storage I/O is retried) stops the agent, as before."""
+        for task in [t for t in self._flushing if t.done()]:
+            self._flushing.remove(task)
+            task.result()  # raises what the flush raised
+
+    async def _write(
+        self, tp: Hashable, window: _Window[T], previous: asyncio.Task[None] | None
+    ) -> None:
+        try:
+            prepared = await self.stage.prepare(window.items)
+            if previous is not None:
+                await asyncio.wait([previous])
+                if previous.cancelled() or previous.exception() is not None:
+                    # acking past an unacked window would commit its offsets (faust#606)
+                    raise RuntimeError(f"partition {window.partition}: an earlier write failed")
+            await self._commit(tp, window, prepared)
+        finally:
+            self._flushing_bytes -= window.size
+            if self._last_flush.get(tp) is asyncio.current_task():
+                del self._last_flush[tp]
+
+    async def _commit(self, tp: Hashable, window: _Window[T], prepared: Prepared) -> None:
         marker = await self._io(
             "writing a shard",
             partial(

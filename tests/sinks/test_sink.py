@@ -15,6 +15,7 @@ import pytest
 from sinks.shards import SampleRow, ShardMarker, ShardStore
 from sinks.sink import Admitted, Prepared, ShardSink
 from streams.core.retry import Backoff
+from tests.polling import wait_for_async
 
 NO_WAIT = Backoff(initial_s=0.0, max_s=0.0)
 
@@ -117,9 +118,17 @@ class Harness:
         return FakeEvent(Message(TP("completions", partition), offset), value.encode(), self.log)
 
     async def add(self, partition: int, offset: int, value: str) -> FakeEvent:
-        event = self.event(partition, offset, value)
+        return await self.add_event(self.event(partition, offset, value))
+
+    async def add_event(self, event: FakeEvent) -> FakeEvent:
+        """Add, then wait for a flush it started: the tests look at the store at once."""
         await self.sink.add(event)
+        await self.sink.drain()
         return event
+
+    async def flush_idle(self) -> None:
+        await self.sink.flush_idle()
+        await self.sink.drain()
 
     def acks(self) -> list[tuple[int, int]]:
         return [(entry[1], entry[2]) for entry in self.log if entry[0] == "ack"]
@@ -177,7 +186,7 @@ def test_events_are_acked_only_after_shard_and_marker_are_durable(tmp_path: Path
         for offset, pid in ((10, "a"), (11, "b"), (12, "c")):
             event = h.event(0, offset, pid)
             event.on_ack = marker_written
-            await h.sink.add(event)
+            await h.add_event(event)
 
     asyncio.run(run())
     assert h.acks() == [(0, 10), (0, 11), (0, 12)]
@@ -223,13 +232,13 @@ def test_an_idle_window_is_flushed_after_the_timeout(tmp_path: Path) -> None:
         await h.add(1, 7, "b")  # opened later: idle later
         await h.add(0, 6, "c")  # a new event does not make the window younger
         h.clock.now += 4.9
-        await h.sink.flush_idle()
+        await h.flush_idle()
         assert h.acks() == []
         h.clock.now += 0.1
-        await h.sink.flush_idle()
+        await h.flush_idle()
         assert h.acks() == [(0, 5), (0, 6)]
         h.clock.now += 5.0
-        await h.sink.flush_idle()
+        await h.flush_idle()
 
     asyncio.run(run())
     assert h.acks() == [(0, 5), (0, 6), (1, 7)]
@@ -247,7 +256,7 @@ def test_a_later_item_of_the_same_key_replaces_the_earlier_one_in_its_window(
         await h.add(0, 2, "a=second")  # a regenerated answer, in the same window
         await h.add(0, 3, "a=third")  # in the next window: written again
         h.clock.now += 10.0
-        await h.sink.flush_idle()
+        await h.flush_idle()
 
     asyncio.run(run())
     assert ("prepare", "a=second", "b") in h.log  # one item per key, where the first one was
@@ -330,13 +339,13 @@ def test_a_zombie_s_write_after_the_new_owner_s_adoption_is_superseded(tmp_path:
             await owner.add(0, offset, f"{pid}=owner")  # from the committed offset, 0
         assert windows(owner.store.markers()) == [(0, 0, 2, 2)]
         zombie.clock.now += 10.0
-        await zombie.sink.flush_idle()  # written after the owner's window, longer than it
+        await zombie.flush_idle()  # written after the owner's window, longer than it
         resolution = ShardStore(str(tmp_path), "v1").committed()
         assert windows(resolution.windows) == [(0, 0, 2, 2)]
         assert windows(resolution.superseded) == [(0, 0, 3, 1)]
         await owner.add(0, 3, "d=owner")
         owner.clock.now += 10.0
-        await owner.sink.flush_idle()
+        await owner.flush_idle()
 
     asyncio.run(run())
     store = ShardStore(str(tmp_path), "v1")  # a reader
@@ -360,7 +369,7 @@ def test_revoke_drops_the_open_window_unacked(tmp_path: Path) -> None:
         h.sink.on_revoked([tp])
         assert h.sink.stats.open_bytes == 2  # partition 1's window only
         h.clock.now += 60.0
-        await h.sink.flush_idle()  # flushes partition 1 only
+        await h.flush_idle()  # flushes partition 1 only
 
     asyncio.run(run())
     assert h.acks() == [(1, 0)]
@@ -389,6 +398,104 @@ class SlowStore(ShardStore):
     def markers(self, partition: int | None = None) -> list[ShardMarker]:
         self._wait("markers", partition)
         return super().markers(partition)
+
+
+def test_intake_goes_on_while_a_window_is_written(tmp_path: Path) -> None:
+    store = SlowStore(str(tmp_path), "v1", block="write", partition=0)
+    h = harness(store, max_records=1)
+
+    async def run() -> None:
+        await h.sink.add(h.event(0, 0, "a"))  # its write blocks in the store
+        await asyncio.to_thread(store.entered.wait, 30)
+        for offset, pid in enumerate("bcd"):  # another partition's windows, written meanwhile
+            await h.sink.add(h.event(1, offset, pid))
+        async def three_acks() -> bool:
+            return len(h.acks()) == 3
+
+        await wait_for_async(three_acks, 10, "partition 1's windows acked")
+        assert h.acks() == [(1, 0), (1, 1), (1, 2)]  # partition 0's window is still unacked
+        store.release.set()
+        await h.sink.drain()
+
+    asyncio.run(run())
+    assert h.acks()[-1] == (0, 0)
+    assert h.sink.stats.open_bytes == 0
+
+
+class HeldStage(IdStage):
+    """`prepare` of an item named "slow" waits for `go` (at most `hold_s`)."""
+
+    def __init__(self, log: list[tuple[Any, ...]], hold_s: float):
+        super().__init__(log)
+        self.go, self.hold_s, self.held = asyncio.Event(), hold_s, False
+
+    async def prepare(self, items: list[str]) -> Prepared:
+        if "slow" in items:
+            try:
+                await asyncio.wait_for(self.go.wait(), self.hold_s)
+            except TimeoutError:
+                self.held = True
+        return await super().prepare(items)
+
+
+def test_a_partition_s_windows_are_written_and_acked_in_offset_order(tmp_path: Path) -> None:
+    # the first window is still being prepared when the second is ready: the second waits,
+    # since a marker or an ack must never pass an earlier window of its partition
+    store = ShardStore(str(tmp_path), "v1")
+    h = harness(store, max_records=1)
+    stage = HeldStage(h.log, hold_s=2.0)
+    h.sink.stage = stage
+    written = store.write_shard
+
+    def write_shard(partition: int, start: int, *args: Any, **kwargs: Any) -> ShardMarker:
+        if start == 1:
+            stage.go.set()  # releases the first window early, if the second came first
+        h.log.append(("write", start))
+        return written(partition, start, *args, **kwargs)
+
+    store.write_shard = write_shard  # type: ignore[method-assign]
+
+    async def run() -> None:
+        await h.sink.add(h.event(0, 0, "slow"))
+        await h.sink.add(h.event(0, 1, "b"))
+        await h.sink.drain()
+
+    asyncio.run(run())
+    assert stage.held  # the second window did not write while the first was prepared
+    assert [entry for entry in h.log if entry[0] in ("write", "ack")] == [
+        ("write", 0),
+        ("ack", 0, 0),
+        ("write", 1),
+        ("ack", 0, 1),
+    ]
+
+
+class FailingStage(IdStage):
+    async def prepare(self, items: list[str]) -> Prepared:
+        if "boom" in items:
+            raise RuntimeError("a bug in the stage")
+        return await super().prepare(items)
+
+
+def test_a_failed_flush_stops_intake_and_nothing_after_it_in_its_partition_is_acked(
+    tmp_path: Path,
+) -> None:
+    h = harness(ShardStore(str(tmp_path), "v1"), max_records=1)
+    h.sink.stage = FailingStage(h.log)
+
+    async def run() -> None:
+        await h.sink.add(h.event(0, 0, "boom"))
+        await h.sink.add(h.event(0, 1, "b"))  # may be flushed before the failure is seen
+        with pytest.raises(RuntimeError, match=r"a bug in the stage|an earlier write failed"):
+            await h.sink.drain()
+        with pytest.raises(RuntimeError):
+            while True:  # the agent stops at its next event at the latest
+                await h.sink.add(h.event(0, 2, "c"))
+                await h.sink.drain()
+
+    asyncio.run(run())
+    assert h.acks() == []
+    assert h.store.markers() == []
 
 
 def test_a_window_revoked_while_it_is_written_is_not_acked(tmp_path: Path) -> None:
@@ -429,7 +536,7 @@ def test_a_window_revoked_and_readopted_in_a_new_generation_while_written_is_not
         store.release.set()
         await flushing
         await readopting
-        await h.sink.add(again[1])
+        await h.add_event(again[1])
         return first, again
 
     first, again = asyncio.run(run())
@@ -514,7 +621,7 @@ def test_open_windows_stay_within_the_memory_budget(tmp_path: Path) -> None:
             offsets[partition] += 1
             assert h.sink.stats.open_bytes <= budget
         h.clock.now += 60.0
-        await h.sink.flush_idle()
+        await h.flush_idle()
 
     asyncio.run(run())
     largest = max(len(event.value) for event in events)
@@ -612,7 +719,7 @@ def test_the_stage_is_prepared_then_committed_then_acked(tmp_path: Path, budget:
         await h.add(3, 40, "a")
         await h.add(3, 41, "b")
         h.clock.now += 10.0
-        await h.sink.flush_idle()
+        await h.flush_idle()
 
     asyncio.run(run())
     assert h.log == [

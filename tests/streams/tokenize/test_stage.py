@@ -121,6 +121,7 @@ class Stage:
     async def idle_flush(self) -> None:
         self.now += 3600.0
         await self.worker.sink.flush_idle()
+        await self.worker.sink.drain()
 
     def outcomes(self) -> tuple[list[tuple[str, int]], dict[str, str]]:
         """The version as readers see it: (prompt id, its answer's last token) per row, and
@@ -138,6 +139,7 @@ class Stage:
         event = FakeEvent(Message(TP("completions", partition), self.offset), key, value, self.log)
         self.offset += 1
         await self.worker.sink.add(event)
+        await self.worker.sink.drain()  # a flush it started is done: the tests look at once
 
     async def complete(
         self, pid: str, content: str = "ok", server: str = "s", last: int = 5
@@ -393,7 +395,7 @@ def test_each_wrong_field_and_shape_is_one_dead_letter_and_the_rest_is_written(
         for key, raw in cases.items():
             await stage.add(raw, key=key.encode())
         await stage.complete("good-2")
-        await stage.worker.sink._flush(TP("completions", 0))
+        await stage.idle_flush()
 
     asyncio.run(run())
     kinds = {letter[2].decode(): letter[3] for letter in stage.letters()}
