@@ -113,8 +113,8 @@ class ShardSink(Generic[T]):
       retried with backoff until it succeeds; the window stays unacked meanwhile. Flushes run
       in the background while intake goes on (the build and the write of one window overlap
       the decoding of the next), at most `MAX_FLUSHING` at a time; a partition's windows are
-      written and acked in offset order (faust commits an offset only when all before it are
-      acked, and a marker never lands before its predecessor's).
+      written and acked in offset order (faust may commit past an unacked offset once a later
+      one is acked, faust#606; and a marker never lands before its predecessor's).
     - Keys and fencing. A window's key is (partition, start offset, the consumer-group
       generation in which the partition was adopted). Window bounds depend on timing (idle and
       memory flushes), so a rewrite after a crash or a rebalance may end elsewhere than the

@@ -44,7 +44,7 @@ from sinks.shards import ShardStore
 from streams.core.settings import COMPLETIONS, KafkaSettings
 from streams.core.topics import ensure_topics
 from streams.ops.seal import seal
-from tests.benchmarks.bench_tokenize import make_data
+from tests.benchmarks.bench_tokenize import Measure, make_data, measure, write_data
 from tests.polling import wait_for
 
 PARTITIONS = 16
@@ -148,20 +148,33 @@ def main(argv: list[str] | None = None) -> dict[int, list[Result]]:
                 partitions=PARTITIONS,
             )
             tokenizer = build_qwen36_tokenizer(root / "qwen36-real", vocab="qwen")
-            records, _ = make_data(tokenizer, args.completions)
+            records, texts = make_data(tokenizer, args.completions)
+            data = write_data(root / "data.json", tokenizer, records, texts)
             asyncio.run(_produce(kafka, records))
+            baseline: list[Measure] = []
             for run in range(args.repeats):
-                for n in counts:  # alternating: every configuration once per round
+                # alternating: encode_batch_fast on the same texts, then every worker count
+                window = argparse.Namespace(window=250, partitions=4)
+                baseline.append(measure("encode_batch_fast", data, window, len(records)))
+                for n in counts:
                     results[n].append(run_one(stack, kafka, tokenizer, root / "out", n, str(run)))
-    report(results, args)
+    report(results, baseline, args)
     return results
 
 
-def report(results: dict[int, list[Result]], args: argparse.Namespace) -> None:
+def report(
+    results: dict[int, list[Result]], baseline: list[Measure], args: argparse.Namespace
+) -> None:
     median = statistics.median
     base = results[min(results)]
     base_steady = median([r.steady_tokens_per_s for r in base])
     sample = base[0]
+    encode = [m.tokens_per_s for m in baseline]
+    print(
+        f"encode_batch_fast on the same texts: {median(encode):,.0f} tokens/s "
+        f"({min(encode):,.0f}–{max(encode):,.0f}); one worker's steady rate is "
+        f"{base_steady / median(encode):.2f}× it"
+    )
     print(
         f"replay of {args.completions} completions ({sample.tokens} tokens, "
         f"{sample.tokens / max(sample.samples, 1):.0f} per sample; the Kimi run averaged "

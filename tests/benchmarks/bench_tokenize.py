@@ -272,6 +272,13 @@ def child(args: Any) -> None:
     print(json.dumps({**asdict(timed), "rss": rss_mb}))
 
 
+def write_data(path: Path, tokenizer: Path, records: list[bytes], texts: list[str]) -> Path:
+    """What a measuring process reads (`measure`)."""
+    payload = {"tokenizer": str(tokenizer), "records": [r.hex() for r in records]}
+    path.write_text(json.dumps({**payload, "texts": texts}))
+    return path
+
+
 def measure(mode: str, data: Path, args: Any, samples: int) -> Measure:
     argv = [sys.executable, __file__, "--child", mode, "--data", str(data)]
     argv += ["--window", str(args.window), "--partitions", str(args.partitions)]
@@ -306,9 +313,7 @@ def main(argv: list[str] | None = None) -> list[Measure]:
     with tempfile.TemporaryDirectory(prefix="bench-tokenize-") as tmp:
         tokenizer = build_qwen36_tokenizer(Path(tmp) / "qwen36", vocab="qwen")
         records, texts = make_data(tokenizer, args.completions)
-        data = Path(tmp) / "data.json"
-        payload = {"tokenizer": str(tokenizer), "records": [r.hex() for r in records]}
-        data.write_text(json.dumps({**payload, "texts": texts}))
+        data = write_data(Path(tmp) / "data.json", tokenizer, records, texts)
         for _ in range(args.repeats):
             for mode in MODES:  # alternating: every mode once per round
                 results[mode].append(measure(mode, data, args, len(records)))

@@ -236,9 +236,10 @@ def test_family_end_to_end(
     # -- tokens: server samples are exactly the server's ids -----------------------------
     for pid, row in rows.items():
         completion = completions[pid]
-        prompt_ids, output_ids = as_list(completion.prompt_token_ids), completion.output_token_ids
+        prompt_ids = as_list(completion.prompt_token_ids)
+        output_ids = as_list(completion.output_token_ids)
         assert row["token_source"] == "server"
-        whole = prompt_ids + (output_ids or [])
+        whole = prompt_ids + output_ids
         if expected[pid] == "truncated":
             assert row["input_ids"] == whole[: int(max_seq_len)]
         else:

@@ -14,6 +14,7 @@ from compose.stack import draftgen_argv
 from compose.tiny_tokenizers import QWEN36_CHAT_TEMPLATE
 from streams.core.tokenizers import load_tokenizer
 from streams.tokenize.samples import SampleBuilder
+from tests.ids import as_list
 from tests.integration.probes import requests_served, topic_size
 
 pytestmark = pytest.mark.integration
@@ -92,7 +93,10 @@ def test_replay_with_a_fixed_template(pipeline, write_prompts, tmp_path) -> None
     for prompt_id, row in new.items():
         sample = correct.build(completions[prompt_id])
         assert row["token_source"] == "rendered"
-        assert (row["input_ids"], row["loss_mask"]) == (sample.input_ids, sample.loss_mask)
+        assert (row["input_ids"], row["loss_mask"]) == (
+            as_list(sample.input_ids),
+            as_list(sample.loss_mask),
+        )
         assert old[prompt_id]["input_ids"] != row["input_ids"], "v1 was built broken"
     assert sorted(m.encode() for m in pipeline.store("v1").markers()) == v1_markers
 

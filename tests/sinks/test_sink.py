@@ -409,6 +409,7 @@ def test_intake_goes_on_while_a_window_is_written(tmp_path: Path) -> None:
         await asyncio.to_thread(store.entered.wait, 30)
         for offset, pid in enumerate("bcd"):  # another partition's windows, written meanwhile
             await h.sink.add(h.event(1, offset, pid))
+
         async def three_acks() -> bool:
             return len(h.acks()) == 3
 
