@@ -383,12 +383,15 @@ class OnceSettings(Settings):
         flag="--no-ledger",
         help="do not consult or write the `generated` ledger (generate every prompt received)",
     )
-    # seconds without own prompts before stealing from others' backlogs; 0: never steal
+    # seconds with a free slot and no own prompt before stealing from the end of other
+    # workers' backlogs (streams/generate/steal.py); 0: never steal. On by default: without it
+    # the end of every finite run leaves servers idle while others work through their
+    # partitions (BENCHMARKS.md, "The end of a finite run")
     steal_after_s: float = setting(
-        0.0,
+        2.0,
         flag="--steal-after",
-        help="after S seconds without own prompts, take prompts from the tail of other "
-        "workers' backlogs (0: never)",
+        help="after S seconds with a free slot and no prompt of its own, take prompts from the "
+        "end of other workers' backlogs (0: never)",
         ge=0,
     )
     # never steal the owner's next `steal_margin` prompts (its prefetch and in-flight window)
@@ -398,9 +401,9 @@ class OnceSettings(Settings):
         help="leave the next N prompts of each partition to its owner",
         ge=0,
     )
-    # prompts taken per steal; 0: the worker's concurrency
+    # most prompts taken per steal (never more than the free slots); 0: the worker's concurrency
     steal_batch: int = setting(
-        0, flag="--steal-batch", help="prompts per steal (0: --concurrency)", ge=0
+        0, flag="--steal-batch", help="most prompts per steal (0: --concurrency)", ge=0
     )
 
 
