@@ -78,6 +78,20 @@ def _concurrency(value: object) -> object:
 
 # requests in flight against one server when not given, or when "auto" finds no cap
 DEFAULT_CONCURRENCY = 32
+
+
+def generate_prefetch(concurrency: int) -> int:
+    """Prompts a generate worker's consumer holds beyond its requests in flight: small, so a
+    slow server does not sit on a backlog that idle workers could take."""
+    return max(4, concurrency // 4)
+
+
+def generate_window(concurrency: int) -> int:
+    """The most prompts of its partitions a generate worker holds (in flight or prefetched)
+    past its committed offsets, give or take the last second's acks not yet committed."""
+    return concurrency + generate_prefetch(concurrency)
+
+
 Concurrency = Annotated[int | Literal["auto"], BeforeValidator(_concurrency)]
 
 Family = Literal["kimi_k2", "qwen3", "generic"]
@@ -394,11 +408,15 @@ class OnceSettings(Settings):
         "end of other workers' backlogs (0: never)",
         ge=0,
     )
-    # never steal the owner's next `steal_margin` prompts (its prefetch and in-flight window)
-    steal_margin: int = setting(
-        8,
+    # never steal the owner's next `steal_margin` prompts of a partition: its committed offset
+    # lags its position by up to its whole window (requests in flight, prefetched prompts),
+    # so a thief taking less far ahead takes prompts the owner holds already (a duplicate
+    # request each). None: that window, `generate_window(concurrency)` of the thief's own
+    steal_margin: int | None = setting(
+        None,
         flag="--steal-margin",
-        help="leave the next N prompts of each partition to its owner",
+        help="leave the next N prompts of each partition to its owner (default: a worker's "
+        "window, --concurrency plus its prefetch)",
         ge=0,
     )
     # most prompts taken per steal (never more than the free slots); 0: the worker's concurrency

@@ -7,9 +7,11 @@ output lengths) and all along with a slow server. A worker that has had a free s
 prompt of its own for `steal_after_s` reads the group's committed offsets, picks a partition of
 another worker (at random, a larger backlog more likely), takes as many prompts as it has free
 slots (at most `steal_batch`) from that backlog's end, beyond the owner's next `steal_margin`
-prompts, reads them with a group-less consumer and starts them; each slot freed later can take
-more. Nothing is acked or committed for them: the owner still consumes them in order, finds
-them in the ledger and acks them without a request. Two workers may generate the same prompt (a
+prompts (by default the most an owner holds past its committed offset: its requests in flight
+and its prefetch; a thief sees an owner's committed offset, not its position), reads them with
+a group-less consumer and starts them; each slot freed later can take more. Nothing is acked
+or committed for them: the owner still consumes them in order, finds them in the ledger and
+acks them without a request. Two workers may generate the same prompt (a
 race between thieves, or the owner reaching it before the thief is done): both completions are
 keyed by the prompt_id, land on one completions partition, and the tokenize stage keeps one. So
 the duplicate costs GPU time, never correctness; taking from the end keeps it rare.
@@ -27,7 +29,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from streams.core.retry import Backoff, short_error
-from streams.core.settings import KafkaSettings
+from streams.core.settings import KafkaSettings, generate_window
 from streams.generate.once import OnceGenerateWorker
 
 log = logging.getLogger(__name__)
@@ -53,13 +55,18 @@ class Stealer:
         # a run within a couple of seconds
         self.backoff = backoff or Backoff(initial_s=0.5, max_s=2.0)
         once = worker.once
-        self.margin = once.steal_margin
         self.idle_s = once.steal_after_s
         # offsets this worker took already, by partition (those below the committed offset
         # are forgotten)
         self._taken: dict[int, set[int]] = {}
         self._admin: AIOKafkaAdminClient | None = None
         self._consumer: AIOKafkaConsumer | None = None
+
+    @property
+    def margin(self) -> int:
+        # an owner's window, by this worker's: known once it started (--concurrency auto)
+        margin = self.worker.once.steal_margin
+        return generate_window(self.worker.concurrency) if margin is None else margin
 
     @property
     def batch(self) -> int:

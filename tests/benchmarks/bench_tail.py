@@ -188,6 +188,11 @@ class Run:
     with_startup_s: float
     # draftgen: seconds to the last prompt's first completion landing in Kafka
     last_completion_s: float | None = None
+    # draftgen: seconds `draftgen publish` took (its ledger read included)
+    publish_s: float | None = None
+    # draftgen: seconds to the first prompt's request, and to every slot of every server busy
+    first_request_s: float | None = None
+    all_slots_busy_s: float | None = None
     requests: int = 0
     duplicates: int = 0
     output_tokens: int = 0
@@ -346,11 +351,13 @@ class Bench:
         started = time.time()
         spec = parse_source_spec(str(prompts))
         asyncio.run(publish(kafka, [spec], progress=False))
+        published = time.time()
         if cold:
             spawned = time.time()
             workers = self._start_workers(urls, kafka)
             cpu0 = [0.0] * len(workers)
-        last_completion, committed = asyncio.run(_watch_end(kafka, count, workers))
+        ramp = _Ramp(urls, before, self.args.slots)
+        last_completion, committed = asyncio.run(_watch_end(kafka, count, workers, ramp))
         cpu1 = [cpu_s(w.pid) for w in workers]
         broker1 = cpu_s(broker) if broker else 0.0
         rss = max(peak_rss_mib(w.pid) for w in workers)
@@ -368,6 +375,9 @@ class Bench:
             wall_s=committed - started,
             with_startup_s=committed - min(spawned, started),
             last_completion_s=last_completion - started,
+            publish_s=published - started,
+            first_request_s=(ramp.first or started) - started,
+            all_slots_busy_s=(ramp.full or started) - started,
             requests=requests,
             duplicates=requests - count,
             output_tokens=_tokens(after, before),
@@ -402,7 +412,30 @@ def _tokens(after: list[dict[str, Any]], before: list[dict[str, Any]]) -> int:
     )
 
 
-async def _watch_end(kafka: Any, count: int, workers: list[Any]) -> tuple[float, float]:
+class _Ramp:
+    """When the servers got the run's first prompt, and when every slot was first busy."""
+
+    def __init__(self, urls: list[str], before: list[dict[str, Any]], slots: int):
+        self.urls = urls
+        # a cold worker's probe for token ids comes first: not a prompt
+        self.requests = sum(b["requests"] for b in before) + len(urls)
+        self.slots = slots * len(urls)
+        self.first: float | None = None
+        self.full: float | None = None
+
+    def look(self) -> None:
+        if self.full is not None:
+            return
+        stats = _stats(self.urls)
+        if self.first is None and sum(s["requests"] for s in stats) > self.requests:
+            self.first = time.time()
+        if sum(s["running"] for s in stats) >= self.slots:
+            self.full = time.time()
+
+
+async def _watch_end(
+    kafka: Any, count: int, workers: list[Any], ramp: _Ramp
+) -> tuple[float, float]:
     """(time the last prompt's first completion landed, time every prompt was committed)."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.admin import AIOKafkaAdminClient
@@ -441,6 +474,7 @@ async def _watch_end(kafka: Any, count: int, workers: list[Any]) -> tuple[float,
             committed = await admin.list_consumer_group_offsets(kafka.group(GENERATE_GROUP))
             end = await ends.end_offsets(prompts)
             lag = sum(o - (committed[tp].offset if tp in committed else 0) for tp, o in end.items())
+            ramp.look()
             if lag == 0 and sum(end.values()) >= count:
                 done = time.time()
                 await asyncio.wait_for(reading, 60)
@@ -491,6 +525,10 @@ def summarize(servers: int, runs: list[Run], best_s: float, capacity_s: float) -
         completions = [r.last_completion_s for r in mine if r.last_completion_s is not None]
         if completions:
             clients[name]["last_completion_median_s"] = statistics.median(completions)
+        for figure in ("publish_s", "first_request_s", "all_slots_busy_s"):
+            values = [getattr(r, figure) for r in mine if getattr(r, figure) is not None]
+            if values:
+                clients[name][figure.replace("_s", "_median_s")] = statistics.median(values)
         broker = [r.broker_cpu_ms_per_prompt for r in mine if r.broker_cpu_ms_per_prompt]
         if broker:
             clients[name]["broker_cpu_ms_per_prompt"] = statistics.median(broker)
@@ -526,7 +564,10 @@ def print_summary(summary: dict[str, Any]) -> None:
         if "last_completion_median_s" in c:
             print(
                 f"  {'':<14} last completion in Kafka: "
-                f"median {c['last_completion_median_s']:.1f} s;"
+                f"median {c['last_completion_median_s']:.1f} s; "
+                f"publish took {c.get('publish_median_s', 0):.1f} s, first request at "
+                f"{c.get('first_request_median_s', 0):.1f} s, all slots busy at "
+                f"{c.get('all_slots_busy_median_s', 0):.1f} s;"
                 f" broker CPU-ms/prompt {c.get('broker_cpu_ms_per_prompt', 0):.1f}"
             )
 
@@ -542,6 +583,12 @@ def main() -> int:
     parser.add_argument("--min-output", type=int, default=64)
     parser.add_argument("--max-output", type=int, default=2048)
     parser.add_argument("--vocab", choices=("tiny", "qwen"), default="qwen")
+    parser.add_argument(
+        "--clients",
+        default="batch,draftgen,cold",
+        help="which clients to run, in this order in odd repeats (reversed in even ones); the "
+        "batch client is always run: its output lengths give the best possible",
+    )
     parser.add_argument("--no-cold", action="store_true", help="skip the draftgen cold runs")
     parser.add_argument(
         "--worker-arg", action="append", default=[], help="extra flag for the generate workers"
@@ -566,7 +613,12 @@ def main() -> int:
             urls = [url for url, _ in emulators]
             prompts, count = bench.prompts_file(servers)
             runs: list[Run] = []
-            clients = ["batch", "draftgen"] + ([] if args.no_cold else ["draftgen cold"])
+            names = {"batch": "batch", "draftgen": "draftgen", "cold": "draftgen cold"}
+            clients = [names[c] for c in args.clients.split(",")]
+            if args.no_cold and "draftgen cold" in clients:
+                clients.remove("draftgen cold")
+            if "batch" not in clients:
+                clients.insert(0, "batch")
             for repeat in range(args.repeats):
                 order = clients if repeat % 2 == 0 else list(reversed(clients))
                 for client in order:

@@ -628,6 +628,9 @@ def test_a_thief_takes_from_the_end_of_a_backlog_no_more_than_its_free_slots() -
         stealer = Stealer(
             worker, KafkaSettings(bootstrap="127.0.0.1:9"), "prompts", "g", lambda: {0}
         )
+        assert stealer.margin == 3 + 4  # by default an owner's window: in flight + prefetch
+        worker.once = OnceSettings(steal_margin=8)  # type: ignore[call-arg]
+        assert stealer.margin == 8
         stealer._clients = clients  # type: ignore[method-assign]
         stealer._read = fake_read  # type: ignore[method-assign]
         for pid in ("p1-29", "p1-28", "p1-27"):
