@@ -190,7 +190,8 @@ class Run:
     last_completion_s: float | None = None
     # draftgen: seconds `draftgen publish` took (its ledger read included)
     publish_s: float | None = None
-    # draftgen: seconds to the first prompt's request, and to every slot of every server busy
+    # draftgen: seconds to the first prompt's request, and to every slot of every server busy,
+    # as first seen by the watcher (upper bounds: its first look comes 1-4 s after the start)
     first_request_s: float | None = None
     all_slots_busy_s: float | None = None
     requests: int = 0
@@ -528,7 +529,7 @@ def summarize(servers: int, runs: list[Run], best_s: float, capacity_s: float) -
         for figure in ("publish_s", "first_request_s", "all_slots_busy_s"):
             values = [getattr(r, figure) for r in mine if getattr(r, figure) is not None]
             if values:
-                clients[name][figure.replace("_s", "_median_s")] = statistics.median(values)
+                clients[name][figure.removesuffix("_s") + "_median_s"] = statistics.median(values)
         broker = [r.broker_cpu_ms_per_prompt for r in mine if r.broker_cpu_ms_per_prompt]
         if broker:
             clients[name]["broker_cpu_ms_per_prompt"] = statistics.median(broker)
