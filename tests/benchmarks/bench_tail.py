@@ -46,6 +46,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -190,10 +191,11 @@ class Run:
     last_completion_s: float | None = None
     # draftgen: seconds `draftgen publish` took (its ledger read included)
     publish_s: float | None = None
-    # draftgen: seconds to the first prompt's request, and to every slot of every server busy,
-    # as first seen by the watcher (upper bounds: its first look comes 1-4 s after the start)
-    first_request_s: float | None = None
+    # seconds from the start to every slot of every server first busy, and last busy (then
+    # the tail begins), sampled every 0.05 s; the mean share of slots busy over the run
     all_slots_busy_s: float | None = None
+    last_all_busy_s: float | None = None
+    busy_share: float = 0.0
     requests: int = 0
     duplicates: int = 0
     output_tokens: int = 0
@@ -262,6 +264,8 @@ class Bench:
             json.dumps({"prompts": str(prompts), "servers": urls, "slots": self.args.slots})
         )
         before = _stats(urls)
+        sampler = _Sampler(urls, self.args.slots)
+        sampler.start()
         spawned = time.time()
         done = subprocess.run(
             [sys.executable, __file__, "--batch-client", str(spec)],
@@ -270,6 +274,7 @@ class Bench:
             timeout=1800,
         )
         result = json.loads(done.stdout.decode().strip().splitlines()[-1])
+        sampler.stop()
         after = _wait_idle(urls)
         requests = sum(a["requests"] - b["requests"] for a, b in zip(after, before, strict=True))
         return Run(
@@ -285,6 +290,7 @@ class Bench:
             peak_rss_mib=result["peak_rss_mib"],
             failures=result["failures"],
             tokens=result["tokens"],
+            **sampler.figures(result["started"], result["ended"]),
         )
 
     # -- draftgen --
@@ -349,6 +355,8 @@ class Bench:
         broker = self.broker_pid()
         broker0 = cpu_s(broker) if broker else 0.0
         cpu0 = [cpu_s(w.pid) for w in workers]
+        sampler = _Sampler(urls, self.args.slots)
+        sampler.start()
         started = time.time()
         spec = parse_source_spec(str(prompts))
         asyncio.run(publish(kafka, [spec], progress=False))
@@ -357,8 +365,8 @@ class Bench:
             spawned = time.time()
             workers = self._start_workers(urls, kafka)
             cpu0 = [0.0] * len(workers)
-        ramp = _Ramp(urls, before, self.args.slots)
-        last_completion, committed = asyncio.run(_watch_end(kafka, count, workers, ramp))
+        last_completion, committed = asyncio.run(_watch_end(kafka, count, workers))
+        sampler.stop()
         cpu1 = [cpu_s(w.pid) for w in workers]
         broker1 = cpu_s(broker) if broker else 0.0
         rss = max(peak_rss_mib(w.pid) for w in workers)
@@ -377,8 +385,7 @@ class Bench:
             with_startup_s=committed - min(spawned, started),
             last_completion_s=last_completion - started,
             publish_s=published - started,
-            first_request_s=(ramp.first or started) - started,
-            all_slots_busy_s=(ramp.full or started) - started,
+            **sampler.figures(started, committed),
             requests=requests,
             duplicates=requests - count,
             output_tokens=_tokens(after, before),
@@ -413,30 +420,42 @@ def _tokens(after: list[dict[str, Any]], before: list[dict[str, Any]]) -> int:
     )
 
 
-class _Ramp:
-    """When the servers got the run's first prompt, and when every slot was first busy."""
+class _Sampler(threading.Thread):
+    """Samples the servers' running requests every `interval` s from its start to `stop()`:
+    when every slot was first busy, when last, and the mean share of slots busy."""
 
-    def __init__(self, urls: list[str], before: list[dict[str, Any]], slots: int):
+    def __init__(self, urls: list[str], slots: int, interval: float = 0.05):
+        super().__init__(daemon=True)
         self.urls = urls
-        # a cold worker's probe for token ids comes first: not a prompt
-        self.requests = sum(b["requests"] for b in before) + len(urls)
         self.slots = slots * len(urls)
-        self.first: float | None = None
-        self.full: float | None = None
+        self.interval = interval
+        self.samples: list[tuple[float, int]] = []
+        self._halt = threading.Event()
 
-    def look(self) -> None:
-        if self.full is not None:
-            return
-        stats = _stats(self.urls)
-        if self.first is None and sum(s["requests"] for s in stats) > self.requests:
-            self.first = time.time()
-        if sum(s["running"] for s in stats) >= self.slots:
-            self.full = time.time()
+    def run(self) -> None:
+        while not self._halt.is_set():
+            try:
+                running = sum(s["running"] for s in _stats(self.urls))
+            except OSError:
+                running = 0
+            self.samples.append((time.time(), running))
+            self._halt.wait(self.interval)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+
+    def figures(self, start: float, end: float) -> dict[str, float | None]:
+        inside = [(t, n) for t, n in self.samples if start <= t <= end]
+        full = [t for t, n in inside if n >= self.slots]
+        return {
+            "all_slots_busy_s": full[0] - start if full else None,
+            "last_all_busy_s": full[-1] - start if full else None,
+            "busy_share": sum(n for _, n in inside) / (len(inside) * self.slots) if inside else 0.0,
+        }
 
 
-async def _watch_end(
-    kafka: Any, count: int, workers: list[Any], ramp: _Ramp
-) -> tuple[float, float]:
+async def _watch_end(kafka: Any, count: int, workers: list[Any]) -> tuple[float, float]:
     """(time the last prompt's first completion landed, time every prompt was committed)."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.admin import AIOKafkaAdminClient
@@ -475,7 +494,6 @@ async def _watch_end(
             committed = await admin.list_consumer_group_offsets(kafka.group(GENERATE_GROUP))
             end = await ends.end_offsets(prompts)
             lag = sum(o - (committed[tp].offset if tp in committed else 0) for tp, o in end.items())
-            ramp.look()
             if lag == 0 and sum(end.values()) >= count:
                 done = time.time()
                 await asyncio.wait_for(reading, 60)
@@ -526,10 +544,13 @@ def summarize(servers: int, runs: list[Run], best_s: float, capacity_s: float) -
         completions = [r.last_completion_s for r in mine if r.last_completion_s is not None]
         if completions:
             clients[name]["last_completion_median_s"] = statistics.median(completions)
-        for figure in ("publish_s", "first_request_s", "all_slots_busy_s"):
+        for figure in ("publish_s", "all_slots_busy_s", "last_all_busy_s", "busy_share"):
             values = [getattr(r, figure) for r in mine if getattr(r, figure) is not None]
             if values:
-                clients[name][figure.removesuffix("_s") + "_median_s"] = statistics.median(values)
+                median = f"{figure.removesuffix('_s')}_median" + (
+                    "_s" if figure.endswith("_s") else ""
+                )
+                clients[name][median] = statistics.median(values)
         broker = [r.broker_cpu_ms_per_prompt for r in mine if r.broker_cpu_ms_per_prompt]
         if broker:
             clients[name]["broker_cpu_ms_per_prompt"] = statistics.median(broker)
@@ -562,13 +583,16 @@ def print_summary(summary: dict[str, Any]) -> None:
             f"{c['ratio_to_best_with_startup']:>6.2f} {','.join(map(str, c['duplicates'])):>10} "
             f"{c['cpu_ms_per_prompt']:>8.1f} {c['peak_rss_mib']:>8.0f}"
         )
+        print(
+            f"  {'':<14} every slot busy from {c.get('all_slots_busy_median_s') or 0:.1f} s to "
+            f"{c.get('last_all_busy_median_s') or 0:.1f} s; slots busy on average "
+            f"{c.get('busy_share_median', 0):.2f}"
+        )
         if "last_completion_median_s" in c:
             print(
                 f"  {'':<14} last completion in Kafka: "
                 f"median {c['last_completion_median_s']:.1f} s; "
-                f"publish took {c.get('publish_median_s', 0):.1f} s, first request at "
-                f"{c.get('first_request_median_s', 0):.1f} s, all slots busy at "
-                f"{c.get('all_slots_busy_median_s', 0):.1f} s;"
+                f"publish took {c.get('publish_median_s', 0):.1f} s;"
                 f" broker CPU-ms/prompt {c.get('broker_cpu_ms_per_prompt', 0):.1f}"
             )
 
