@@ -78,6 +78,20 @@ def _concurrency(value: object) -> object:
 
 # requests in flight against one server when not given, or when "auto" finds no cap
 DEFAULT_CONCURRENCY = 32
+
+
+def generate_prefetch(concurrency: int) -> int:
+    """Prompts a generate worker's consumer holds beyond its requests in flight: small, so a
+    slow server does not sit on a backlog that idle workers could take."""
+    return max(4, concurrency // 4)
+
+
+def generate_window(concurrency: int) -> int:
+    """The most prompts of its partitions a generate worker holds (in flight or prefetched)
+    past its committed offsets, give or take the last second's acks not yet committed."""
+    return concurrency + generate_prefetch(concurrency)
+
+
 Concurrency = Annotated[int | Literal["auto"], BeforeValidator(_concurrency)]
 
 Family = Literal["kimi_k2", "qwen3", "generic"]
@@ -383,24 +397,31 @@ class OnceSettings(Settings):
         flag="--no-ledger",
         help="do not consult or write the `generated` ledger (generate every prompt received)",
     )
-    # seconds without own prompts before stealing from others' backlogs; 0: never steal
+    # seconds with a free slot and no own prompt before stealing from the end of other
+    # workers' backlogs (streams/generate/steal.py); 0: never steal. On by default: without it
+    # the end of every finite run leaves servers idle while others work through their
+    # partitions (BENCHMARKS.md, "The end of a finite run")
     steal_after_s: float = setting(
-        0.0,
+        2.0,
         flag="--steal-after",
-        help="after S seconds without own prompts, take prompts from the tail of other "
-        "workers' backlogs (0: never)",
+        help="after S seconds with a free slot and no prompt of its own, take prompts from the "
+        "end of other workers' backlogs (0: never)",
         ge=0,
     )
-    # never steal the owner's next `steal_margin` prompts (its prefetch and in-flight window)
-    steal_margin: int = setting(
-        8,
+    # never steal the owner's next `steal_margin` prompts of a partition: its committed offset
+    # lags its position by up to its whole window (requests in flight, prefetched prompts),
+    # so a thief taking less far ahead takes prompts the owner holds already (a duplicate
+    # request each). None: that window, `generate_window(concurrency)` of the thief's own
+    steal_margin: int | None = setting(
+        None,
         flag="--steal-margin",
-        help="leave the next N prompts of each partition to its owner",
+        help="leave the next N prompts of each partition to its owner (default: a worker's "
+        "window, --concurrency plus its prefetch)",
         ge=0,
     )
-    # prompts taken per steal; 0: the worker's concurrency
+    # most prompts taken per steal (never more than the free slots); 0: the worker's concurrency
     steal_batch: int = setting(
-        0, flag="--steal-batch", help="prompts per steal (0: --concurrency)", ge=0
+        0, flag="--steal-batch", help="most prompts per steal (0: --concurrency)", ge=0
     )
 
 

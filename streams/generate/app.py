@@ -20,6 +20,7 @@ from streams.core.settings import (
     GenerateSettings,
     ObserveSettings,
     OnceSettings,
+    generate_prefetch,
 )
 from streams.generate.client import SGLangClient
 from streams.generate.once import OnceGenerateWorker
@@ -83,7 +84,7 @@ def build_generate_app(
         kafka,
         # Prefetch bounds what a worker holds beyond its in-flight requests, so a slow server
         # does not sit on a backlog that idle workers could take.
-        prefetch=max(4, worker_concurrency // 4),
+        prefetch=generate_prefetch(worker_concurrency),
         instance_id=settings.instance_id,
     )
     metrics = GenerateMetrics(settings.server)

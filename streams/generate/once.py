@@ -67,6 +67,7 @@ class OnceGenerateWorker(GenerateWorker):
         self.ledger = LedgerFollower(settings.kafka, backoff=self.backoff)
         self.last_busy = time.monotonic()
         self._running: dict[str, asyncio.Future[None]] = {}
+        self._stolen_tasks: set[asyncio.Task[bool]] = set()
 
     async def start(self) -> None:
         if not self.once.ledger:
@@ -76,6 +77,8 @@ class OnceGenerateWorker(GenerateWorker):
         await asyncio.gather(self.ledger.start(), super().start())
 
     async def stop(self) -> None:
+        for task in list(self._stolen_tasks):
+            task.cancel()
         await super().stop()
         await self.ledger.stop()
 
@@ -146,40 +149,63 @@ class OnceGenerateWorker(GenerateWorker):
             done.set_result(None)
         return completed
 
-    async def run_stolen(self, records: list[tuple[bytes, bytes]]) -> int:
-        """Generate prompts taken from another worker's backlog; returns how many completed.
-        Failures are dropped, not dead-lettered: the owner still has the prompt and decides."""
-
-        async def one(key: bytes, value: bytes) -> bool:
+    async def start_stolen(self, records: list[tuple[bytes, bytes]]) -> list[asyncio.Task[bool]]:
+        """Start generating prompts taken from another worker's backlog, each once it has a
+        slot of this worker's (a caller that asks for no more than `free_slots()` does not
+        wait); returns their tasks, each true if its prompt completed. Failures are dropped,
+        not dead-lettered: the owner still has the prompt and decides."""
+        await self._server_up.wait()
+        tasks = []
+        for key, value in records:
             await self._slots.acquire()
             self._started_one()
-            try:
-                return await self._generate_and_record(key, value, keep_dead_letters=lambda: False)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("a stolen prompt failed; its owner will generate it")
-                return False
-            finally:
-                self._finished_one()
-                self._slots.release()
+            task = asyncio.create_task(self._stolen_one(key, value))
+            self._stolen_tasks.add(task)
+            task.add_done_callback(self._stolen_done)
+            tasks.append(task)
+        return tasks
 
-        await self._server_up.wait()
-        results = await asyncio.gather(*(one(k, v) for k, v in records))
-        done = sum(results)
-        self.stats.stolen += done
-        return done
+    async def run_stolen(self, records: list[tuple[bytes, bytes]]) -> int:
+        """`start_stolen`, then wait for them; returns how many completed."""
+        return sum(await asyncio.gather(*await self.start_stolen(records)))
+
+    async def _stolen_one(self, key: bytes, value: bytes) -> bool:
+        """One stolen prompt, in a slot already taken for it."""
+        try:
+            return await self._generate_and_record(key, value, keep_dead_letters=lambda: False)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("a stolen prompt failed; its owner will generate it")
+            return False
+        finally:
+            self._finished_one()
+            self._slots.release()
+
+    def _stolen_done(self, task: asyncio.Task[bool]) -> None:
+        self._stolen_tasks.discard(task)
+        if not task.cancelled() and task.exception() is None and task.result():
+            self.stats.stolen += 1
+
+    def free_slots(self) -> int:
+        # every request holds a slot (own or stolen) from _started_one to _finished_one
+        return max(0, self.concurrency - self.stats.in_flight)
 
     def idle_for(self) -> float:
-        if self.stats.in_flight or self._slots.locked():
+        """Seconds this worker has had a free slot and no prompt of its own to put in it (0
+        while every slot is taken, or a prompt of its own waits for one). Its requests still
+        running do not count: at the end of a run they finish one by one, and each slot they
+        free can take someone else's prompt at once."""
+        if self._slots.locked():
             return 0.0
         return time.monotonic() - self.last_busy
 
     async def wait_idle(self, seconds: float) -> None:
-        """Return once the worker has had no prompt of its own for `seconds`: awaits the end
-        of the work in flight, then a timer to the moment it will have been idle long enough."""
+        """Return once the worker has had a free slot and no prompt of its own for `seconds`:
+        awaits a free slot, then a timer to the moment it will have been idle long enough."""
         while (remaining := seconds - self.idle_for()) > 0:
-            if self.stats.in_flight:
-                await self._nothing_in_flight.wait()
+            if self._slots.locked():
+                await self._slots.acquire()  # the next slot freed
+                self._slots.release()
             else:
                 await asyncio.sleep(remaining)

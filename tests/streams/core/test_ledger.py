@@ -12,7 +12,6 @@ from streams.core.ledger import (
     split_key,
 )
 from streams.generate.once import prompt_mode
-from streams.generate.steal import _align
 
 
 def test_settings_hash_changes_with_every_generation_setting() -> None:
@@ -41,7 +40,3 @@ def test_prompt_mode_reads_regen_and_regenerate() -> None:
     assert prompt_mode(forced) == ("final", True)
     assert prompt_mode(turns) == ("every-turn", False)
     assert prompt_mode(b"not json")[1] is True  # never skipped: the worker dead-letters it
-
-
-def test_steal_chunks_are_aligned_on_absolute_offsets() -> None:
-    assert [_align(o, 16) for o in (0, 1, 16, 17, 31)] == [0, 16, 16, 32, 32]

@@ -434,10 +434,16 @@ class FakeLedger:
 
 
 async def once_worker(
-    client: FakeClient, kafka: FakeKafka, limit: KafkaSettings | None = None
+    client: FakeClient,
+    kafka: FakeKafka,
+    limit: KafkaSettings | None = None,
+    concurrency: int | None = None,
 ) -> tuple[OnceGenerateWorker, FakeLedger]:
+    overrides: dict[str, Any] = {"kafka": limit} if limit else {}
+    if concurrency is not None:
+        overrides["concurrency"] = concurrency
     worker = OnceGenerateWorker(
-        settings(**({"kafka": limit} if limit else {})),
+        settings(**overrides),
         client,
         kafka.send,
         COMPLETIONS,
@@ -501,23 +507,28 @@ def test_stolen_prompts_are_generated_and_recorded_but_never_acked_or_dead_lette
     run(scenario)
 
 
-def test_an_idle_wait_ends_only_after_the_work_in_flight() -> None:
+def test_an_idle_wait_ends_once_a_slot_is_free_not_after_all_the_work_in_flight() -> None:
     async def scenario() -> None:
         client, kafka = FakeClient(), FakeKafka()
-        worker, _ = await once_worker(client, kafka)
+        worker, _ = await once_worker(client, kafka, concurrency=2)
         client.gates["p0"] = asyncio.Event()
+        client.gates["p1"] = asyncio.Event()
         await worker.submit(kafka.event(0, "p0"))
-        await until(lambda: client.requests == ["p0"], "the request running")
-        worker.last_busy = time.monotonic() - 60  # idle long enough, but for the prompt
+        await worker.submit(kafka.event(1, "p1"))
+        await until(lambda: sorted(client.requests) == ["p0", "p1"], "both requests running")
+        worker.last_busy = time.monotonic() - 60  # idle long enough, but for the slots
 
-        # no timer runs out during the test: only the end of the work in flight can end it
+        # no timer runs out during the test: only a slot freed can end it
         waiting = asyncio.create_task(worker.wait_idle(30.0))
         for _ in range(20):
             await asyncio.sleep(0)
-        assert not waiting.done()
+        assert not waiting.done() and worker.free_slots() == 0
         client.gates["p0"].set()
-        await until(waiting.done, "the idle wait over once the prompt is done")
+        await until(waiting.done, "the idle wait over once one slot is free")
+        assert worker.free_slots() == 1 and worker.stats.in_flight == 1  # p1 still runs
         assert worker.idle_for() >= 30.0
+        client.gates["p1"].set()
+        await until(lambda: kafka.acked() == [0, 1], "both acked")
         await worker.stop()
 
     run(scenario)
@@ -539,10 +550,10 @@ def test_an_idle_wait_lasts_until_the_worker_was_idle_that_long(busy_for: float)
 def test_the_stealer_waits_for_idleness_and_backs_off_only_when_nothing_was_taken() -> None:
     async def scenario() -> None:
         client, kafka = FakeClient(), FakeKafka()
-        worker, _ = await once_worker(client, kafka)
+        worker, _ = await once_worker(client, kafka, concurrency=1)
         client.gates["p0"] = asyncio.Event()
         await worker.submit(kafka.event(0, "p0"))
-        worker.last_busy = time.monotonic() - 60  # idle long enough, but for the prompt
+        worker.last_busy = time.monotonic() - 60  # idle long enough, but for its one slot
 
         # None: no chunk to take; 0: a chunk taken but all generated already; error: a failure
         script: list[int | Exception | None] = [None, None, RuntimeError("admin"), 0, 3, None]
@@ -568,7 +579,7 @@ def test_the_stealer_waits_for_idleness_and_backs_off_only_when_nothing_was_take
         running = asyncio.create_task(stealer.run())
         for _ in range(20):
             await asyncio.sleep(0)
-        assert looks == []  # busy with its own prompt: no stealing
+        assert looks == []  # its one slot busy with its own prompt: no stealing
 
         client.gates["p0"].set()
         await until(lambda: len(pauses) >= 4, "four pauses")
@@ -577,6 +588,70 @@ def test_the_stealer_waits_for_idleness_and_backs_off_only_when_nothing_was_take
         # and starts over after one that took a chunk
         assert pauses[:4] == [1, 2, 3, 1]
         assert looks[:6] == [0, 1, 2, 3, 3, 3]
+        await worker.stop()
+
+    run(scenario)
+
+
+def test_a_thief_takes_from_the_end_of_a_backlog_no_more_than_its_free_slots() -> None:
+    async def scenario() -> None:
+        from aiokafka import TopicPartition
+
+        client, kafka = FakeClient(), FakeKafka()
+        worker, ledger = await once_worker(client, kafka, concurrency=3)
+        client.gates["own"] = asyncio.Event()
+        await worker.submit(kafka.event(0, "own"))  # one slot busy: two free
+        mine, p1, p2 = (TopicPartition("prompts", p) for p in range(3))
+        Offset = namedtuple("Offset", "offset")
+        committed = {mine: Offset(0), p1: Offset(10), p2: Offset(5)}
+        ends = {mine: 50, p1: 30, p2: 13}  # p2: nothing beyond the owner's margin of 8
+
+        class Admin:
+            async def list_consumer_group_offsets(self, group: str) -> dict[Any, Any]:
+                return committed
+
+        class Consumer:
+            async def end_offsets(self, tps: list[Any]) -> dict[Any, int]:
+                return {tp: ends[tp] for tp in tps}
+
+        read: list[tuple[int, set[int]]] = []
+
+        async def fake_read(consumer: Any, tp: Any, offsets: set[int]) -> list[Any]:
+            read.append((tp.partition, set(offsets)))
+            return [
+                (f"p{tp.partition}-{o}".encode(), prompt(f"p{tp.partition}-{o}")) for o in offsets
+            ]
+
+        async def clients() -> tuple[Any, Any]:
+            return Admin(), Consumer()
+
+        stealer = Stealer(
+            worker, KafkaSettings(bootstrap="127.0.0.1:9"), "prompts", "g", lambda: {0}
+        )
+        assert stealer.margin == 3 + 4  # by default an owner's window: in flight + prefetch
+        worker.once = OnceSettings(steal_margin=8)  # type: ignore[call-arg]
+        assert stealer.margin == 8
+        stealer._clients = clients  # type: ignore[method-assign]
+        stealer._read = fake_read  # type: ignore[method-assign]
+        for pid in ("p1-29", "p1-28", "p1-27"):
+            client.gates[pid] = asyncio.Event()
+
+        assert await stealer.steal_once() == 2
+        assert read == [(1, {29, 28})]  # the end of p1's backlog, as many as free slots
+        assert worker.free_slots() == 0
+        ledger.add("p1-27", worker.settings_key("final"))  # generated meanwhile elsewhere
+        client.gates["p1-29"].set()
+        await until(lambda: worker.free_slots() == 1, "a slot freed")
+        assert await stealer.steal_once() == 0  # p1-27 taken, but already generated
+        assert await stealer.steal_once() == 1  # then the next one from the end
+        assert read[1:] == [(1, {27}), (1, {26})]
+        for event in client.gates.values():
+            event.set()
+        await until(lambda: worker.stats.stolen == 3 and worker.stats.in_flight == 0, "done")
+        assert sorted(kafka.sent_to(COMPLETIONS)) == ["own", "p1-26", "p1-28", "p1-29"]
+        assert kafka.acked() == [0]  # stolen prompts are never acked by the thief
+        committed[p1] = Offset(25)  # the owner caught up: 25 + 8 is past the end
+        assert await stealer.steal_once() is None
         await worker.stop()
 
     run(scenario)
