@@ -111,8 +111,6 @@ class GenerateWorker:
         self._slots = asyncio.Semaphore(self.concurrency)
         self._server_up = asyncio.Event()
         self._ready = asyncio.Event()
-        self._nothing_in_flight = asyncio.Event()
-        self._nothing_in_flight.set()
         self._prober: asyncio.Task[None] | None = None
         self._starting: asyncio.Task[None] | None = None
         self._down_since = 0.0
@@ -230,12 +228,9 @@ class GenerateWorker:
 
     def _started_one(self) -> None:
         self.stats.in_flight += 1
-        self._nothing_in_flight.clear()
 
     def _finished_one(self) -> None:
         self.stats.in_flight -= 1
-        if not self.stats.in_flight:
-            self._nothing_in_flight.set()
 
     # -- one prompt --------------------------------------------------------------------------
 
