@@ -40,6 +40,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 MODES = (
@@ -249,8 +251,8 @@ def _run_decode_arrow(records: list[bytes], window: int) -> Timed:
             record = CompletionRecord.decode(raw)
             prompt, output = record.prompt_token_ids, record.output_token_ids
             assert prompt is not None and output is not None
-            ids = [*prompt, *output]
-            mask = [0] * len(prompt) + [1] * len(output)
+            ids = np.concatenate([prompt, output]).astype(np.int32)
+            mask = np.repeat(np.array([0, 1], np.int8), [len(prompt), len(output)])
             rows.append(SampleRow(record.prompt_id, record.source, ids, mask, "stop", "server"))
             tokens += len(ids)
         table_to_ipc_stream(rows_to_table(rows))
