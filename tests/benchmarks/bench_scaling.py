@@ -110,7 +110,9 @@ def scenario(
         )
         urls.append(url)
         procs.append(emulator)
-    extra = ["--steal-after", "1", "--steal-margin", str(margin)] if steal else []
+    # stealing is on by default: the runs without it turn it off; with it, the defaults
+    # unless a margin is given
+    extra = (["--steal-margin", str(margin)] if margin else []) if steal else ["--steal-after", "0"]
     for url in urls:
         argv = ["worker", "generate", "--server", url, "--concurrency", str(concurrency)]
         log = ["--log-level", "INFO"]  # the thieves log what they took
@@ -138,7 +140,9 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=400)
     parser.add_argument("--tokens-per-s", type=float, default=100.0)
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--steal-margin", type=int, default=4)  # measured best here
+    parser.add_argument(
+        "--steal-margin", type=int, default=0, help="0: the default (a worker's window)"
+    )
     parser.add_argument("--only-tail", action="store_true", help="skip the 1/2/4 server runs")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="bench-scaling-"))
