@@ -162,12 +162,14 @@ class SampleBuilder:
     def build_many(self, completions: Sequence[CompletionRecord]) -> list[Sample | SampleError]:
         """One result per completion, in order; all texts of the batch are encoded together."""
         results: list[Sample | SampleError | None] = [None] * len(completions)
+        servers: dict[int, tuple[Ids, Ids] | None] = {}
         rendered: dict[int, RenderedText | SampleError] = {}
         for i, completion in enumerate(completions):
             server = _server_ids(completion, self._vocab_size)
             if isinstance(server, SampleError):
                 results[i] = server
                 continue
+            servers[i] = server
             if server is None or self.prefer == "rendered" or self.measure_drift:
                 try:
                     rendered[i] = self.render(completion)
@@ -175,9 +177,8 @@ class SampleBuilder:
                     rendered[i] = err
 
         encoded = self._encode(rendered)
-        for i, completion in enumerate(completions):
-            if results[i] is None:
-                results[i] = self._assemble(completion, encoded.get(i))
+        for i, server in servers.items():
+            results[i] = self._assemble(server, encoded.get(i))
         return cast(list[Sample | SampleError], results)
 
     def render(self, completion: CompletionRecord) -> RenderedText:
@@ -315,12 +316,9 @@ class SampleBuilder:
         return [self.tokenizer.encode(text, add_special_tokens=False) for text in texts]
 
     def _assemble(
-        self,
-        completion: CompletionRecord,
-        rendered: tuple[Ids, int] | SampleError | None,
+        self, server: tuple[Ids, Ids] | None, rendered: tuple[Ids, int] | SampleError | None
     ) -> Sample | SampleError:
-        server = _server_ids(completion, self._vocab_size)
-        assert not isinstance(server, SampleError)  # checked in build_many
+        """The sample from the server's checked ids and/or the rendering's."""
         if server is None or self.prefer == "rendered":
             if rendered is None or isinstance(rendered, SampleError):
                 return rendered or SampleError("internal", "completion was not rendered")
@@ -331,9 +329,9 @@ class SampleBuilder:
             ids = np.concatenate([prompt_ids, output_ids])
             sample = Sample(ids, _mask(len(prompt_ids), len(output_ids)), "server")
         if server is not None and isinstance(rendered, tuple):
-            server_all = sample.input_ids if sample.token_source == "server" else None
-            if server_all is None:
-                server_all = np.concatenate(server)
+            server_all = (
+                sample.input_ids if sample.token_source == "server" else np.concatenate(server)
+            )
             sample.drift = not np.array_equal(rendered[0], server_all)
             if sample.drift:
                 sample.drift_position = _first_difference(rendered[0], server_all)
