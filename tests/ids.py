@@ -9,4 +9,5 @@ import numpy as np
 
 def as_list(ids: Any) -> list[int]:
     """None (no ids) as []; an array or a list as a list of Python ints."""
-    return [] if ids is None else list(np.asarray(ids).tolist())
+    values: list[int] = [] if ids is None else np.asarray(ids).tolist()
+    return values

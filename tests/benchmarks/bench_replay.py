@@ -45,13 +45,13 @@ from streams.core.settings import COMPLETIONS, KafkaSettings
 from streams.core.topics import ensure_topics
 from streams.ops.seal import seal
 from tests.benchmarks.bench_tokenize import Measure, make_data, measure, write_data
+from tests.benchmarks.proc import cpu_s, peak_rss_mib
 from tests.polling import wait_for
 
 PARTITIONS = 16
 KIMI_RUN_TOKENS = 1_870_000_000
 KIMI_RUN_SAMPLES = 902_087
 CORES_16 = 16
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -75,18 +75,6 @@ class Result:
     @property
     def cpu_us_per_token(self) -> float:
         return self.cpu_s * 1e6 / self.tokens
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
-
-
-def peak_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 async def _produce(kafka: KafkaSettings, records: list[bytes]) -> None:
@@ -118,8 +106,8 @@ def run_one(
         manifest = asyncio.run(seal(kafka, store, timeout_s=3600, on_lag=lambda lag: None))
         ended = time.monotonic()
         pids = [p.pid for p in procs if p.pid is not None]
-        cpu = sum(cpu_seconds(pid) for pid in pids)
-        rss = max(peak_rss_mb(pid) for pid in pids)
+        cpu = sum(cpu_s(pid) for pid in pids)
+        rss = max(peak_rss_mib(pid) for pid in pids)
     finally:
         for proc in procs:
             proc.stop()

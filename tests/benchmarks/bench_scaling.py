@@ -110,9 +110,12 @@ def scenario(
         )
         urls.append(url)
         procs.append(emulator)
-    # stealing is on by default: the runs without it turn it off; with it, the defaults
-    # unless a margin is given
-    extra = (["--steal-margin", str(margin)] if margin else []) if steal else ["--steal-after", "0"]
+    # stealing is on by default: the runs without it turn it off; with it, the product's
+    # defaults unless a margin is given
+    if not steal:
+        extra = ["--steal-after", "0"]
+    else:
+        extra = ["--steal-margin", str(margin)] if margin else []
     for url in urls:
         argv = ["worker", "generate", "--server", url, "--concurrency", str(concurrency)]
         log = ["--log-level", "INFO"]  # the thieves log what they took

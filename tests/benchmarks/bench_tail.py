@@ -57,7 +57,8 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-TICKS = os.sysconf("SC_CLK_TCK")
+from tests.benchmarks.proc import cpu_s, peak_rss_mib
+
 READY_LINE = "generating with model"
 
 
@@ -161,18 +162,6 @@ def best_possible(tokens: list[int], servers: int, slots: int, tokens_per_s: flo
 
 
 # -- process figures ---------------------------------------------------------------------------
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
-
-
-def peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 # -- one run -----------------------------------------------------------------------------------

@@ -489,10 +489,9 @@ def test_a_failed_flush_stops_intake_and_nothing_after_it_in_its_partition_is_ac
         await h.sink.add(h.event(0, 1, "b"))  # may be flushed before the failure is seen
         with pytest.raises(RuntimeError, match=r"a bug in the stage|an earlier write failed"):
             await h.sink.drain()
-        with pytest.raises(RuntimeError):
-            while True:  # the agent stops at its next event at the latest
-                await h.sink.add(h.event(0, 2, "c"))
-                await h.sink.drain()
+        with pytest.raises(RuntimeError):  # the agent stops at its next event at the latest
+            await h.sink.add(h.event(0, 2, "c"))
+            await h.sink.drain()
 
     asyncio.run(run())
     assert h.acks() == []
