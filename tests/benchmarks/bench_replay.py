@@ -13,8 +13,8 @@ does by default (server ids, drift measured), in rounds (every configuration onc
 `--repeats` rounds); medians with the spread. A run ends when `seal` finds the version caught
 up. "steady" leaves out start-up (imports, joining the group): it is measured from the first
 committed window to the end, so it also leaves out the work done before that window commits
-(more of it with more workers); the rate over the wall is the one to compare workers by. CPU is the workers' user+system time over the run (from /proc),
-peak RSS each worker's VmHWM.
+(more of it with more workers); the rate over the wall is the one to compare workers by.
+CPU is the workers' user+system time over the run (from /proc), peak RSS each worker's VmHWM.
 
 The 16-core projection divides the tokens by the workers' CPU time per token spread over 16
 cores: it assumes a worker per two cores (a worker's encoder uses two), the broker and S3 on
