@@ -143,8 +143,7 @@ def main(argv: list[str] | None = None) -> dict[int, list[Result]]:
             baseline: list[Measure] = []
             for run in range(args.repeats):
                 # alternating: encode_batch_fast on the same texts, then every worker count
-                window = argparse.Namespace(window=250, partitions=4)
-                baseline.append(measure("encode_batch_fast", data, window, len(records)))
+                baseline.append(measure("encode_batch_fast", data, len(records)))
                 for n in counts:
                     results[n].append(run_one(stack, kafka, tokenizer, root / "out", n, str(run)))
     report(results, baseline, args)

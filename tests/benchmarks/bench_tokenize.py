@@ -51,6 +51,8 @@ MODES = (
     "stage server",
     "decode + Arrow",
 )
+WINDOW = 250  # completions per shard (and per encode_batch_fast call: their prompts and turns)
+PARTITIONS = 4
 # the target of each stage mode, as a ratio to encode_batch_fast (issue 12)
 TARGETS = {"stage rendered": 0.9, "stage server+drift": 0.9, "stage server": 3.0}
 
@@ -281,9 +283,11 @@ def write_data(path: Path, tokenizer: Path, records: list[bytes], texts: list[st
     return path
 
 
-def measure(mode: str, data: Path, args: Any, samples: int) -> Measure:
+def measure(
+    mode: str, data: Path, samples: int, window: int = WINDOW, partitions: int = PARTITIONS
+) -> Measure:
     argv = [sys.executable, __file__, "--child", mode, "--data", str(data)]
-    argv += ["--window", str(args.window), "--partitions", str(args.partitions)]
+    argv += ["--window", str(window), "--partitions", str(partitions)]
     done = subprocess.run(argv, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"{mode} failed:\n{done.stderr[-3000:]}")
@@ -298,8 +302,8 @@ def main(argv: list[str] | None = None) -> list[Measure]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--completions", type=int, default=3000)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--window", type=int, default=250, help="completions per shard")
-    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--window", type=int, default=WINDOW, help="completions per shard")
+    parser.add_argument("--partitions", type=int, default=PARTITIONS)
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny sizes")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
@@ -318,7 +322,9 @@ def main(argv: list[str] | None = None) -> list[Measure]:
         data = write_data(Path(tmp) / "data.json", tokenizer, records, texts)
         for _ in range(args.repeats):
             for mode in MODES:  # alternating: every mode once per round
-                results[mode].append(measure(mode, data, args, len(records)))
+                results[mode].append(
+                    measure(mode, data, len(records), args.window, args.partitions)
+                )
     report(results, args)
     return [m for runs in results.values() for m in runs]
 
