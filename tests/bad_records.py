@@ -39,6 +39,11 @@ DEAD_LETTER_FIELDS: dict[str, tuple[Any, str]] = {
     "kind": (4, "bad_shape"),
     "message": (["m"], "bad_shape"),
     "payload": (5, "bad_shape"),
+    "payload_b64": (6, "bad_shape"),
+    "payload_size": (-1, "bad_shape"),
+    "payload_sha256": (7, "bad_shape"),
+    "payload_truncated": ("yes", "bad_shape"),
+    "origin": (8, "bad_shape"),
     "prompt_id": (9, "bad_shape"),
     "at": ("now", "bad_shape"),
 }
@@ -92,6 +97,11 @@ def dead_letter_dict() -> dict[str, Any]:
         "kind": "k",
         "message": "m",
         "payload": "",
+        "payload_b64": None,
+        "payload_size": 0,
+        "payload_sha256": None,
+        "payload_truncated": False,
+        "origin": "prompts-0@1",
         "prompt_id": "p",
         "at": 1.0,
     }

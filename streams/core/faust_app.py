@@ -11,11 +11,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import faust
-from aiokafka.errors import (
-    MessageSizeTooLargeError,
-    RecordListTooLargeError,
-    RecordTooLargeError,
-)
 
 from streams.core.crash_guard import CrashGuard
 from streams.core.outage import quiet_repeats
@@ -33,23 +28,6 @@ class Event(Protocol):
     def message(self) -> Any: ...  # .tp, .offset
 
     def ack(self) -> bool: ...
-
-
-# (topic name, key, value) -> resolves once Kafka acknowledged the write
-Send = Callable[[str, bytes, bytes], Awaitable[None]]
-
-_TOO_LARGE = (MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError)
-
-
-def refused_as_too_large(err: BaseException) -> bool:
-    """Whether a failed send was refused for its size (by the producer, or by a topic whose
-    max.message.bytes is lower than ours): no retry will ever pass it. faust wraps the error."""
-    seen: BaseException | None = err
-    while seen is not None:
-        if isinstance(seen, _TOO_LARGE):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
 
 
 def _credentials(kafka: KafkaSettings) -> faust.types.auth.CredentialsT | None:

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -355,9 +356,36 @@ class CompletionRecord(_Record):
         return message
 
 
+def count(value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"expected an integer, got {_kind(value)}"
+    return None if value >= 0 else f"negative count {value}"
+
+
+def boolean(value: Any) -> str | None:
+    return None if isinstance(value, bool) else f"expected true or false, got {_kind(value)}"
+
+
+def origin_of(topic: str, partition: int, offset: int) -> str:
+    """Where a consumed record is, as a dead letter's `origin` (Kafka's topic-partition@offset)."""
+    return f"{topic}-{partition}@{offset}"
+
+
+# a prompt id longer than this is cut in its dead letter (it is also the letter's Kafka key)
+MAX_LETTER_PROMPT_ID = 1024
+
+
 @dataclass
 class DeadLetter(_Record):
-    """A record a stage could not turn into output, with the reason and the original payload."""
+    """A record a stage could not turn into output, with the reason and the original payload.
+
+    The payload is kept as text when it is valid UTF-8 (readable on the topic), else as base64
+    (`payload_b64`): never an escaping that grows it several times. `payload_size` and
+    `payload_sha256` describe the whole original; `fitted` cuts a payload that would make the
+    letter larger than Kafka accepts (`payload_truncated`), and `origin` says where the whole
+    record still is (topic, partition, offset) while the topic retains it. Letters written
+    before these fields have only `payload` (undecodable bytes as ``\\xNN`` text).
+    """
 
     _required: ClassVar[tuple[str, ...]] = ("stage", "kind", "message")
     _checks: ClassVar[dict[str, Check]] = {
@@ -365,6 +393,11 @@ class DeadLetter(_Record):
         "kind": nonempty_text,
         "message": text,
         "payload": text,
+        "payload_b64": optional(text),
+        "payload_size": optional(count),
+        "payload_sha256": optional(text),
+        "payload_truncated": boolean,
+        "origin": optional(text),
         "prompt_id": optional(text),
         "at": seconds,
     }
@@ -373,18 +406,55 @@ class DeadLetter(_Record):
     kind: str
     message: str
     payload: str = ""
+    payload_b64: str | None = None
+    payload_size: int | None = None
+    payload_sha256: str | None = None
+    payload_truncated: bool = False
+    origin: str | None = None
     prompt_id: str | None = None
     at: float = field(default_factory=time.time)
 
     @classmethod
     def for_payload(
-        cls, stage: str, kind: str, message: str, raw: bytes, prompt_id: str | None = None
+        cls,
+        stage: str,
+        kind: str,
+        message: str,
+        raw: bytes,
+        prompt_id: str | None = None,
+        origin: str | None = None,
     ) -> DeadLetter:
-        # Keep undecodable bytes visible rather than failing again while dead-lettering.
+        try:
+            payload, payload_b64 = raw.decode("utf-8"), None
+        except UnicodeDecodeError:
+            payload, payload_b64 = "", base64.b64encode(raw).decode("ascii")
         return cls(
             stage=stage,
             kind=kind,
             message=message[:2000],
-            payload=raw.decode("utf-8", errors="backslashreplace"),
-            prompt_id=prompt_id,
+            payload=payload,
+            payload_b64=payload_b64,
+            payload_size=len(raw),
+            payload_sha256=hashlib.sha256(raw).hexdigest(),
+            origin=origin,
+            prompt_id=None if prompt_id is None else prompt_id[:MAX_LETTER_PROMPT_ID],
         )
+
+    def payload_bytes(self) -> bytes:
+        """The payload as it was kept (all of it unless `payload_truncated`)."""
+        if self.payload_b64 is None:
+            return self.payload.encode()
+        try:
+            return base64.b64decode(self.payload_b64, validate=True)
+        except (binascii.Error, ValueError) as err:
+            raise RecordError("bad_payload", f"payload_b64 is not base64: {err}") from None
+
+    def fitted(self, max_bytes: int) -> DeadLetter:
+        """This letter, or a copy whose payload is cut (as base64, whose size is exact) so
+        that the letter encodes within `max_bytes`; 0 leaves no payload."""
+        if max_bytes > 0 and len(self.encode()) <= max_bytes:
+            return self
+        cut = replace(self, payload="", payload_b64="", payload_truncated=True)
+        room = max(max_bytes - len(cut.encode()), 0)
+        kept = self.payload_bytes()[: room // 4 * 3]
+        return replace(cut, payload_b64=base64.b64encode(kept).decode("ascii"))

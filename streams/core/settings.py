@@ -224,6 +224,13 @@ class KafkaSettings(Settings):
             "(DRAFTGEN_KAFKA_MAX_MESSAGE_BYTES)"
         )
 
+    def value_budget(self, key: bytes | None) -> int:
+        """The largest value that goes with `key` under the producers' limit: what a dead
+        letter is cut to (streams/core/delivery.py). The topics' limit is above the producers'
+        (`topic_max_message_bytes`), so the producers' is the one that binds."""
+        overhead = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, b"", [])
+        return self.max_message_bytes - overhead - 8  # the value's length varint grows
+
     def consumer_kwargs(self) -> dict[str, Any]:
         """Fetch sizes that take any message a topic accepts (the broker also returns a first
         batch larger than them, but a fetch that fits is the normal case)."""

@@ -19,7 +19,8 @@ from collections.abc import Callable
 
 import orjson
 
-from streams.core.faust_app import Event, Send
+from streams.core.delivery import Send
+from streams.core.faust_app import Event
 from streams.core.ledger import (
     REGENERATE,
     LedgerFollower,

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streams.core.crash_guard import CRASH_LOOP, CrashGuard
-from streams.core.faust_app import Event, Send, refused_as_too_large
+from streams.core.delivery import Send, letter_output, send_letter_output, send_until_acked
+from streams.core.faust_app import Event
 from streams.core.normalize import validate_prompt_messages
 from streams.core.records import CompletionRecord, DeadLetter, PromptRecord, RecordError
-from streams.core.retry import Backoff, Outage, short_error, until_done
+from streams.core.retry import Backoff, Outage, until_done
 from streams.core.settings import DEFAULT_CONCURRENCY, GenerateSettings
 from streams.generate import regen
 from streams.generate.client import GenerationError, SGLangClient
@@ -219,7 +220,7 @@ class GenerateWorker:
                 letter = self._dead_letter(
                     "internal_error", f"{type(err).__name__}: {err}", raw, prompt_id
                 )
-                await self._send_until_acked(*letter)
+                await self._send_letter(letter)
         self._finished_one()
         self._slots.release()
         message = event.message
@@ -333,7 +334,7 @@ class GenerateWorker:
     ) -> tuple[str, bytes, bytes]:
         self.stats.dead_letters += 1
         letter = DeadLetter.for_payload(STAGE, kind, message, raw, prompt_id)
-        return self.dead_letters_topic, (prompt_id or "").encode(), letter.encode()
+        return letter_output(self.settings.kafka, self.dead_letters_topic, letter)
 
     def _fitting(self, output: tuple[str, bytes, bytes], raw: bytes) -> tuple[str, bytes, bytes]:
         """The output, or the prompt's dead letter for a completion over the message size
@@ -351,9 +352,12 @@ class GenerateWorker:
     async def _deliver(
         self, output: tuple[str, bytes, bytes], raw: bytes, prompt_id: str | None, keep: bool
     ) -> tuple[str, bytes, bytes] | None:
-        """Send one output until Kafka acknowledges it; returns what was delivered. A
-        completion refused for its size (a topic whose limit is below ours) is replaced by the
-        prompt's dead letter, or by nothing when `keep` is false (not ours to dead-letter)."""
+        """Send one output until Kafka acknowledges it; returns what was delivered (None:
+        nothing). A completion refused for good (a topic whose limit is below ours) is replaced
+        by the prompt's dead letter, or by nothing when `keep` is false (not ours to
+        dead-letter); a dead letter is always writable (streams/core/delivery.py)."""
+        if output[0] == self.dead_letters_topic:
+            return output if await self._send_letter(output) else None
         refused = await self._send_until_acked(*output)
         if refused is None:
             return output
@@ -361,21 +365,12 @@ class GenerateWorker:
             return None
         self.stats.completed -= 1
         letter = self._dead_letter("record_too_large", refused, raw, prompt_id)
-        await self._send_until_acked(*letter)
-        return letter
+        return letter if await self._send_letter(letter) else None
 
     async def _send_until_acked(self, topic: str, key: bytes, value: bytes) -> str | None:
         """Kafka down is an outage to wait out, not a reason to lose the generation. A write
-        refused for its size is never retried: returns why (else None)."""
+        refused for good is never retried: returns why (else None)."""
+        return await send_until_acked(self.send, topic, key, value, self.backoff, log, self.broker)
 
-        async def attempt() -> str | None:
-            try:
-                await self.send(topic, key, value)
-            except Exception as err:
-                if not refused_as_too_large(err):
-                    raise
-                log.warning("a %d-byte write to %s refused: %s", len(value), topic, err)
-                return f"a {len(value)}-byte message refused by Kafka: {short_error(err)}"
-            return None
-
-        return await until_done(f"writing to {topic}", attempt, self.backoff, log, self.broker)
+    async def _send_letter(self, letter: tuple[str, bytes, bytes]) -> bool:
+        return await send_letter_output(self.send, letter, self.backoff, log, self.broker)

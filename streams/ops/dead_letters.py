@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 import orjson
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
 
+from streams.core.delivery import refused_for_good
 from streams.core.ledger import REGENERATE
 from streams.core.normalize import make_prompt_record
 from streams.core.records import DeadLetter, PromptRecord, RecordError
@@ -56,7 +58,12 @@ def summarize(letters: list[DeadLetter]) -> list[str]:
 
 def republishable(letter: DeadLetter) -> tuple[str, bytes, bytes]:
     """(topic, key, value) to send again; raises RecordError if the payload still fails."""
-    raw = letter.payload.encode()
+    if letter.payload_truncated:
+        where = f" (whole at {letter.origin})" if letter.origin else ""
+        raise RecordError(
+            "payload_truncated", f"{letter.payload_size} bytes, cut in the letter{where}"
+        )
+    raw = letter.payload_bytes()
     if letter.stage == "publish":
         try:
             row = orjson.loads(raw)
@@ -88,10 +95,17 @@ async def republish(kafka: KafkaSettings, selection: Selection) -> tuple[int, Co
         for letter in letters:
             try:
                 topic, key, value = republishable(letter)
+                if problem := kafka.too_large(key, value):
+                    raise RecordError("record_too_large", problem)
+                await producer.send_and_wait(kafka.topic(topic), key=key or None, value=value)
             except RecordError as err:
                 still_bad[err.kind] += 1
                 continue
-            await producer.send_and_wait(kafka.topic(topic), key=key or None, value=value)
+            except KafkaError as err:
+                if not refused_for_good(err):
+                    raise
+                still_bad["refused_by_kafka"] += 1
+                continue
             sent += 1
     finally:
         await producer.stop()

@@ -15,15 +15,15 @@ import logging
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from functools import partial
 
 from sinks.shards import SampleRow, ShardMarker, ShardStore
 from sinks.sink import STORAGE_BACKOFF, Admitted, Prepared, ShardSink
 from streams.core.crash_guard import CRASH_LOOP, CrashGuard
+from streams.core.delivery import Send, write_dead_letter
 from streams.core.faults import AFTER_DEAD_LETTERS, AFTER_MARKER, CrashPoint
-from streams.core.faust_app import Event, Send
-from streams.core.records import CompletionRecord, DeadLetter, RecordError
-from streams.core.retry import Backoff, until_done
+from streams.core.faust_app import Event
+from streams.core.records import CompletionRecord, DeadLetter, RecordError, origin_of
+from streams.core.retry import Backoff
 from streams.core.settings import TokenizeSettings
 from streams.tokenize.samples import Sample, SampleBuilder, SampleError
 
@@ -92,18 +92,19 @@ class TokenizeWorker:
         raw = bytes(event.value)
         key = bytes(event.key).decode("utf-8", "replace") if event.key else None
         where = (event.message.tp.topic, event.message.tp.partition, event.message.offset)
+        origin = origin_of(*where)
         if self.guard and (error := self.guard.poisoned(*where)):
-            letter = DeadLetter.for_payload(STAGE, CRASH_LOOP, error, raw, key)
+            letter = DeadLetter.for_payload(STAGE, CRASH_LOOP, error, raw, key, origin)
             return Admitted(letter, key=key or None, size=len(raw))
         try:
             return self._admit(tp, raw)
         except RecordError as err:
-            letter = DeadLetter.for_payload(STAGE, err.kind, err.message, raw, key)
+            letter = DeadLetter.for_payload(STAGE, err.kind, err.message, raw, key, origin)
             return Admitted(letter, key=key or None, size=len(raw))
         except Exception as err:  # a bug, not bad input: this record's dead letter
             log.exception("unexpected failure admitting a completion; dead-lettering it")
             text = f"{type(err).__name__}: {err}"
-            letter = DeadLetter.for_payload(STAGE, "internal_error", text, raw, key)
+            letter = DeadLetter.for_payload(STAGE, "internal_error", text, raw, key, origin)
             return Admitted(letter, key=key or None, size=len(raw))
 
     def _admit(self, tp: Hashable, raw: bytes) -> Admitted[Item]:
@@ -137,9 +138,8 @@ class TokenizeWorker:
                 self.stats.rejected[result.kind] = self.stats.rejected.get(result.kind, 0) + 1
         # Dead letters first: once the marker exists the window's offsets may be committed.
         for letter in letters:
-            key = (letter.prompt_id or "").encode()
-            send = partial(self.send, self.dead_letters_topic, key, letter.encode())
-            await until_done("writing a dead letter", send, self.backoff, log)
+            kafka, topic = self.settings.kafka, self.dead_letters_topic
+            await write_dead_letter(self.send, kafka, topic, letter, self.backoff, log)
         if letters:
             self._crash_after_dead_letters.hit()
         drops = {letter.prompt_id: letter.kind for letter in letters if letter.prompt_id}

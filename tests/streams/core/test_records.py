@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import orjson
 import pytest
 
-from streams.core.records import CompletionRecord, DeadLetter, PromptRecord, RecordError
+from streams.core.records import (
+    MAX_LETTER_PROMPT_ID,
+    CompletionRecord,
+    DeadLetter,
+    PromptRecord,
+    RecordError,
+)
 from tests.bad_records import (
     BAD_SHAPES,
     COMPLETION_FIELDS,
@@ -74,11 +81,58 @@ def test_bad_values_fail_with_a_kind(raw: bytes, kind: str) -> None:
     assert caught.value.kind == kind
 
 
-def test_dead_letter_keeps_undecodable_payload_visible() -> None:
-    letter = DeadLetter.for_payload("generate", "invalid_utf8", "bad bytes", b"ab\xffcd", "p1")
-    decoded = DeadLetter.decode(letter.encode())
-    assert decoded.payload == "ab\\xffcd"
-    assert (decoded.stage, decoded.kind, decoded.prompt_id) == ("generate", "invalid_utf8", "p1")
+def test_a_dead_letter_keeps_text_as_text_and_other_bytes_as_base64_once() -> None:
+    text = DeadLetter.for_payload("generate", "bad_shape", "m", '{"a": "é"}'.encode(), "p1")
+    assert (text.payload, text.payload_b64) == ('{"a": "é"}', None)
+    raw = b"ab\xffcd" * 1000
+    letter = DeadLetter.decode(
+        DeadLetter.for_payload("generate", "invalid_utf8", "bad bytes", raw, "p1").encode()
+    )
+    assert (letter.stage, letter.kind, letter.prompt_id) == ("generate", "invalid_utf8", "p1")
+    assert letter.payload_bytes() == raw
+    assert (letter.payload_size, letter.payload_truncated) == (len(raw), False)
+    assert letter.payload_sha256 == hashlib.sha256(raw).hexdigest()
+    # base64 once: 4/3 of the payload, where backslash escapes made it ~5x
+    assert len(letter.encode()) < len(raw) * 4 / 3 + 500
+
+
+def test_an_old_dead_letter_is_still_read() -> None:
+    old = orjson.dumps({"v": 1, "stage": "generate", "kind": "k", "message": "m", "payload": "x"})
+    letter = DeadLetter.decode(old)
+    assert letter.payload_bytes() == b"x"
+    assert (letter.payload_size, letter.payload_truncated) == (None, False)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"\xff" * 50_000, b"\x00" * 50_000, ("é" * 30_000).encode(), b'{"k": "' + b"a" * 60_000],
+    ids=["invalid_utf8", "control_chars", "multibyte", "json"],
+)
+@pytest.mark.parametrize("limit", [4_000, 20_000, 10**6])
+def test_a_fitted_dead_letter_is_within_the_limit_and_says_what_it_cut(
+    raw: bytes, limit: int
+) -> None:
+    letter = DeadLetter.for_payload("tokenize", "invalid_utf8", "m" * 5000, raw, "p" * 5000)
+    fitted = letter.fitted(limit)
+    encoded = fitted.encode()
+    assert len(encoded) <= limit
+    assert len(fitted.prompt_id or "") == MAX_LETTER_PROMPT_ID
+    decoded = DeadLetter.decode(encoded)
+    assert decoded.payload_size == len(raw)
+    assert decoded.payload_sha256 == hashlib.sha256(raw).hexdigest()
+    kept = decoded.payload_bytes()
+    assert raw.startswith(kept)
+    assert decoded.payload_truncated == (len(kept) < len(raw))
+    if limit == 10**6 and raw[:1] != b"\x00":  # room for all of it (NUL escapes 6x)
+        assert kept == raw and fitted is letter
+    if limit == 20_000:
+        assert len(kept) > 10_000  # cut to the room left, not dropped
+
+
+def test_a_letter_fitted_to_nothing_keeps_its_reason_size_and_hash() -> None:
+    bare = DeadLetter.for_payload("generate", "k", "why", b"x" * 100, "p1", "prompts-3@7").fitted(0)
+    assert (bare.kind, bare.message, bare.origin) == ("k", "why", "prompts-3@7")
+    assert (bare.payload_bytes(), bare.payload_size, bare.payload_truncated) == (b"", 100, True)
 
 
 # -- every field checked for type and range where it is decoded ------------------------------

@@ -292,7 +292,7 @@ def test_a_completion_over_the_size_limit_is_a_dead_letter_and_the_partition_mov
         [letter] = kafka.letters()
         assert (letter.prompt_id, letter.kind) == ("p0", "record_too_large")
         assert "4000-byte limit" in letter.message
-        assert PromptRecord.decode(letter.payload.encode()).prompt_id == "p0"  # to republish
+        assert PromptRecord.decode(letter.payload_bytes()).prompt_id == "p0"  # to republish
         assert kafka.sent_to(COMPLETIONS) == ["p1"]
         assert (worker.stats.completed, worker.stats.dead_letters) == (1, 1)
         await worker.stop()
@@ -791,6 +791,37 @@ def test_a_completion_refused_by_a_topic_with_a_lower_limit_is_a_dead_letter() -
         assert ledger.ended("p0", worker.settings_key("final"))
         assert not ledger.contains("p0", worker.settings_key("final"))  # dead, not completed
         assert (worker.stats.completed, worker.stats.dead_letters) == (1, 1)
+        await worker.stop()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("topic_limit", [None, 32 * 1024])
+def test_a_huge_undecodable_prompt_is_one_bounded_dead_letter_and_never_stalls(
+    topic_limit: int | None,
+) -> None:
+    """5 MB that is not UTF-8: its letter is cut to the producers' limit (64 KiB here); on a
+    dead-letters topic whose own limit is lower, it goes once more without its payload."""
+
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        kafka.refuse_over = topic_limit
+        limit = KafkaSettings(bootstrap="127.0.0.1:9", max_message_bytes=64 * 1024)
+        worker = GenerateWorker(settings(kafka=limit), client, kafka.send, COMPLETIONS, DEAD)  # type: ignore[arg-type]
+        await worker.start()
+        raw = b"\xff" * (5 * 1024 * 1024)
+        await worker.submit(FakeEvent(kafka.journal, TP, 0, b"huge", raw))
+        await worker.submit(kafka.event(1, "p1"))
+
+        await until(lambda: kafka.acked() == [0, 1], "both prompts acked")
+        [(_, key, value)] = [sent for sent in kafka.sent if sent[0] == DEAD]
+        assert limit.too_large(key, value) is None
+        letter = DeadLetter.decode(value)
+        assert (letter.prompt_id, letter.kind) == ("huge", "invalid_utf8")
+        assert (letter.payload_size, letter.payload_truncated) == (len(raw), True)
+        kept = letter.payload_bytes()
+        assert raw.startswith(kept) and (len(kept) > 40_000) == (topic_limit is None)
+        assert kafka.failed == 0 and client.requests == ["p1"]
         await worker.stop()
 
     run(scenario)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -17,6 +17,7 @@ from sinks.shards import ShardStore
 from streams.core.crash_guard import CrashGuard
 from streams.core.records import CompletionRecord, DeadLetter
 from streams.core.retry import Backoff
+from streams.core.settings import KafkaSettings
 from streams.tokenize.samples import DriftCause, Sample, SampleBuilder, SampleError
 from streams.tokenize.stage import TokenizeWorker
 from tests.bad_records import BAD_SHAPES, COMPLETION_FIELDS, completion_dict, with_field
@@ -55,8 +56,11 @@ class Settings:
     shard_max_tokens: int = 1_000_000
     idle_flush_s: float = 10.0
     max_open_bytes: int = 1 << 30
+    kafka: KafkaSettings = field(default_factory=lambda: SMALL_KAFKA)
 
 
+# dead letters are cut to this producer limit
+SMALL_KAFKA = KafkaSettings(bootstrap="127.0.0.1:1", max_message_bytes=64 * 1024)
 CAUSE = DriftCause("turn", 3, "'\\n'", "'\\n\\n'")
 
 
@@ -99,6 +103,7 @@ class Stage:
         **settings: Any,
     ):
         self.log: list[tuple[Any, ...]] = []
+        self.values: list[bytes] = []  # the dead letters as sent
         self.now = 0.0
         self.store = ShardStore(str(tmp_path), "v1")
         self.builder = FakeBuilder()
@@ -132,6 +137,7 @@ class Stage:
 
     async def send(self, topic: str, key: bytes, value: bytes) -> None:
         letter = DeadLetter.decode(value)
+        self.values.append(value)
         markers = [m.start_offset for m in self.store.markers()]
         self.log.append(("dead_letter", topic, key, letter.kind, letter.prompt_id, markers))
 
@@ -403,6 +409,33 @@ def test_each_wrong_field_and_shape_is_one_dead_letter_and_the_rest_is_written(
     assert len(stage.letters()) == len(cases)
     assert stage.store.read_table().column("prompt_id").to_pylist() == ["good-1", "good-2"]
     assert stage.acks() == list(range(len(cases) + 2))
+
+
+def test_a_huge_undecodable_record_is_one_dead_letter_within_the_size_limit(
+    tmp_path: Path,
+) -> None:
+    stage = Stage(tmp_path, shard_max_records=1000)
+    raw = b"\xff" * (1024 * 1024)
+
+    async def run() -> None:
+        await stage.complete("good-1")
+        await stage.add(raw, key=b"huge")
+        await stage.complete("good-2")
+        await stage.idle_flush()
+
+    asyncio.run(run())
+    [value] = stage.values
+    assert SMALL_KAFKA.too_large(b"huge", value) is None
+    letter = DeadLetter.decode(value)
+    assert (letter.kind, letter.prompt_id, letter.origin) == (
+        "invalid_utf8",
+        "huge",
+        "completions-0@1",
+    )
+    assert (letter.payload_size, letter.payload_truncated) == (len(raw), True)
+    assert raw.startswith(letter.payload_bytes())
+    assert stage.store.read_table().column("prompt_id").to_pylist() == ["good-1", "good-2"]
+    assert stage.acks() == [0, 1, 2]
 
 
 def test_an_exception_while_building_costs_only_its_record(tmp_path: Path) -> None:
