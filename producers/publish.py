@@ -6,7 +6,6 @@ import asyncio
 import logging
 import sys
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,13 +13,12 @@ from aiokafka import AIOKafkaProducer
 from tqdm import tqdm
 
 from producers.sources import Row, SourceSpec, mix_sources, row_error
-from streams.core.delivery import letter_output, refused_for_good
+from streams.core.delivery import letter_output
 from streams.core.ledger import REGENERATE, generated_prompt_ids, read_generated
 from streams.core.normalize import make_prompt_record
-from streams.core.outage import short_error
 from streams.core.records import DeadLetter, RecordError
 from streams.core.settings import DEAD_LETTERS, PROMPTS, KafkaSettings
-from streams.core.topics import ensure_topics
+from streams.core.topics import ensure_topics, within_topic_limits
 from streams.core.turns import FINAL, mark
 
 log = logging.getLogger(__name__)
@@ -28,8 +26,6 @@ log = logging.getLogger(__name__)
 STAGE = "publish"
 # Bounded number of sends awaiting the broker's acknowledgement.
 MAX_OUTSTANDING = 1000
-# what to do with a send that Kafka refused for good (given why)
-Refused = Callable[[str], Awaitable[None]]
 
 
 @dataclass
@@ -70,6 +66,7 @@ async def publish(
     so that the generate workers do not skip them either."""
     meta = mark({}, regen)
     await ensure_topics(kafka)
+    kafka = await within_topic_limits(kafka)
     # What was generated before, by any publish run or source: not sent again.
     done = set() if regenerate else generated_prompt_ids(await read_generated(kafka))
     if regenerate:
@@ -84,58 +81,34 @@ async def publish(
     await producer.start()
     summary = PublishSummary()
     seen: set[str] = set()
-    # each send awaiting its acknowledgement -> what to do if Kafka refuses it for good
-    pending: dict[asyncio.Future[Any], Refused | None] = {}
+    pending: set[asyncio.Future[Any]] = set()
     dead_topic = kafka.topic(DEAD_LETTERS)
     bar = tqdm(total=limit, unit="prompt", disable=not progress, file=sys.stderr, desc="publish")
 
-    async def settle(finished: set[asyncio.Future[Any]]) -> None:
-        for future in finished:
-            on_refused = pending.pop(future)
-            err = future.exception()
-            if err is None:
-                continue
-            if on_refused is None or not refused_for_good(err):
-                raise err  # a failed delivery fails the publish run loudly
-            await on_refused(short_error(err))
-
-    async def send(topic: str, key: bytes, value: bytes, on_refused: Refused | None) -> None:
-        pending[await producer.send(topic, key=key, value=value)] = on_refused
+    async def send(topic: str, key: bytes, value: bytes) -> None:
+        pending.add(await producer.send(topic, key=key, value=value))
         if len(pending) >= MAX_OUTSTANDING:
-            finished, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            await settle(finished)
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            pending.difference_update(done)
+            for future in done:
+                future.result()  # a failed delivery fails the publish run loudly
 
     async def reject(spec: SourceSpec, row: int, err: RecordError, raw: bytes) -> None:
         summary.rejected[err.kind] += 1
         message = f"{spec.path} row {row}: {err.message}"
         letter = DeadLetter.for_payload(STAGE, err.kind, message, raw, origin=f"{spec.path}:{row}")
-        output = letter_output(kafka, dead_topic, letter)
-
-        async def without_payload(why: str) -> None:
-            # a dead-letters topic whose limit is below ours: the letter once more, bare
-            log.warning("%s row %d: its dead letter was refused (%s)", spec.path, row, why)
-            await send(dead_topic, output[1], letter.fitted(0).encode(), None)
-
-        await send(*output, without_payload)
+        await send(*letter_output(kafka, dead_topic, letter))
 
     try:
         for spec, row_number, row in mix_sources(specs, limit, storage_options=storage_options):
             await _publish_row(
-                spec,
-                row_number,
-                row,
-                summary,
-                seen,
-                send,
-                reject,
-                kafka,
-                meta,
-                done,
+                spec, row_number, row, summary, seen, send, reject, kafka, meta, done
             )
             bar.update(1)
-        while pending:  # a refused one may send its dead letter: until none is left
-            finished, _ = await asyncio.wait(pending)
-            await settle(finished)
+        if pending:
+            for future in await asyncio.gather(*pending, return_exceptions=True):
+                if isinstance(future, BaseException):
+                    raise future
         await producer.flush()
     finally:
         bar.close()
@@ -176,17 +149,9 @@ async def _publish_row(
         await reject(spec, row_number, too_large, value)
         return
     seen.add(record.prompt_id)
+    await send(kafka.topic(PROMPTS), record.prompt_id.encode(), value)
     summary.published += 1
     summary.prompt_ids.append(record.prompt_id)
-
-    async def refused(why: str) -> None:
-        # a prompts topic whose limit is below ours: this row's dead letter; the run goes on
-        log.warning("%s row %d: refused by the prompts topic: %s", spec.path, row_number, why)
-        summary.published -= 1
-        summary.prompt_ids.remove(record.prompt_id)
-        await reject(spec, row_number, RecordError("record_too_large", why), value)
-
-    await send(kafka.topic(PROMPTS), record.prompt_id.encode(), value, refused)
 
 
 def _dump(row: Any) -> bytes:

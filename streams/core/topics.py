@@ -7,6 +7,7 @@ import contextlib
 import logging
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import TopicAlreadyExistsError
 
 from streams.core.settings import (
@@ -69,6 +70,34 @@ async def ensure_topics(kafka: KafkaSettings) -> list[str]:
         return [t.name for t in wanted]
     finally:
         await admin.close()
+
+
+async def within_topic_limits(kafka: KafkaSettings) -> KafkaSettings:
+    """`kafka` with its message limit lowered to what the pipeline's existing topics accept:
+    a topic created elsewhere, or before DRAFTGEN_KAFKA_MAX_MESSAGE_BYTES was raised, keeps its
+    own max.message.bytes. Checking against it up front beats a refusal by the broker, which
+    an idempotent producer cannot get past (the partition's later batches then fail with
+    OutOfOrderSequenceNumber)."""
+    names = [kafka.topic(name) for name in (PROMPTS, COMPLETIONS, DEAD_LETTERS)]
+    admin = AIOKafkaAdminClient(**kafka.aiokafka_kwargs())
+    await admin.start()
+    try:
+        resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
+        responses = await admin.describe_configs(resources)
+    finally:
+        await admin.close()
+    lowest = kafka.max_message_bytes
+    for response in responses:
+        for resource in response.resources:  # (error, message, type, name, configs)
+            for config in resource[4]:
+                if config[0] == "max.message.bytes":
+                    topic = int(config[1])
+                    # the topic checks the compressed batch, which gzip can make a little larger
+                    lowest = min(lowest, topic - topic // 8192 - 1024)
+    if lowest == kafka.max_message_bytes:
+        return kafka
+    log.info("a topic accepts less than DRAFTGEN_KAFKA_MAX_MESSAGE_BYTES: limit %d bytes", lowest)
+    return kafka.model_copy(update={"max_message_bytes": lowest})
 
 
 async def _wait_for_leaders(

@@ -7,16 +7,20 @@ original's size and SHA-256), and every ordinary prompt ends as a sample."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
+import logging
+import random
 
 import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.record.util import size_of_varint
 
-from streams.core.settings import COMPLETIONS, PROMPTS, KafkaSettings
+from streams.core.settings import COMPLETIONS, DEAD_LETTERS, PROMPTS, KafkaSettings
 
 pytestmark = pytest.mark.integration
 
@@ -120,3 +124,50 @@ def test_oversized_and_undecodable_records_cost_only_themselves(
         log = worker.log_path.read_text()
         # no write retried as if Kafka were down, no letter sent bare or dropped
         assert " since " not in log and "without its payload" not in log and "dropped" not in log
+
+
+async def _create_small_topics(kafka: KafkaSettings, limit: int) -> None:
+    """`prompts` and `dead-letters` created by someone else, with a lower limit than ours."""
+    admin = AIOKafkaAdminClient(**kafka.aiokafka_kwargs())
+    await admin.start()
+    try:
+        config = {"max.message.bytes": str(limit)}
+        await admin.create_topics(
+            [
+                NewTopic(kafka.topic(name), 1, 1, topic_configs=config)
+                for name in (PROMPTS, DEAD_LETTERS)
+            ]
+        )
+    finally:
+        await admin.close()
+
+
+def test_publish_checks_prompts_against_a_topic_with_a_lower_limit(
+    pipeline, write_prompts, tmp_path, caplog
+) -> None:
+    """A topic created elsewhere with a lower max.message.bytes than ours: publish refuses a
+    prompt over it with one line, before the broker could (an idempotent producer cannot get
+    past a refused batch), and its dead letter is cut to what the dead-letters topic takes."""
+    kafka = pipeline.kafka
+    asyncio.run(_create_small_topics(kafka, 64 * 1024))
+    # 128 KB that gzip cannot shrink below the topic's 64 KiB (and far under our 8 MiB)
+    noise = base64.b64encode(random.Random(1).randbytes(96 * 1024)).decode()
+    big = {"messages": [{"role": "user", "content": noise}]}
+    source = tmp_path / "mixed.jsonl"
+    first, later = write_prompts(5), write_prompts(5, name="later.jsonl", start=100)
+    source.write_bytes(first.read_bytes() + orjson.dumps(big) + b"\n" + later.read_bytes())
+
+    with caplog.at_level(logging.WARNING, logger="producers.publish"):
+        summary = pipeline.publish(source)
+    assert summary.published == 10 and len(summary.prompt_ids) == 10
+    assert summary.rejected == {"record_too_large": 1}
+    [line] = [r.getMessage() for r in caplog.records if r.name == "producers.publish"]
+    assert "mixed.jsonl row 5" in line and "-byte limit" in line
+    [letter] = pipeline.dead_letters()
+    assert (letter.stage, letter.kind, letter.origin) == (
+        "publish",
+        "record_too_large",
+        f"{source}:5",
+    )
+    assert letter.payload_truncated and letter.payload_size is not None
+    assert letter.payload_size > 128 * 1024 > len(letter.encode())
