@@ -79,7 +79,9 @@ def create_app(
         producer_max_request_size=kafka.max_message_bytes,
         producer_compression_type=kafka.compression_type,
         consumer_max_fetch_size=kafka.topic_max_message_bytes,
-        broker_commit_interval=1.0,
+        # how soon an acked offset is committed: the end of a run is its last commit, and a
+        # commit is one small request (faust sends none when nothing new was acked)
+        broker_commit_interval=0.25,
     )
     return app
 

@@ -65,8 +65,10 @@ class TopicReader:
             return False
         partitions = [TopicPartition(self.topic, p) for p in ids]
         self._consumer.assign(partitions)
-        await self._consumer.seek_to_beginning(*partitions)
+        # end offsets before the seek: after it, the consumer's own offset reset holds the
+        # request back ~0.5 s (aiokafka 0.14, 64 partitions: 0.58 s; this way 0.03 s)
         self.ends_at_open = await self._consumer.end_offsets(partitions)
+        await self._consumer.seek_to_beginning(*partitions)
         self.partitions = partitions
         await self._close_admin()
         return True
