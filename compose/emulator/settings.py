@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from compose.emulator.token_ids import IDS_STYLES
+from streams.core.errors import CliError
 
 
 @dataclass
@@ -63,7 +67,10 @@ class EmulatorSettings:
         if self.ids_style not in IDS_STYLES:
             raise ValueError(f"ids_style must be one of {IDS_STYLES}, got {self.ids_style!r}")
         if self.min_output_tokens < 1 or self.max_output_tokens < self.min_output_tokens:
-            raise ValueError("need 1 <= min_output_tokens <= max_output_tokens")
+            raise ValueError(
+                "need 1 <= min_output_tokens <= max_output_tokens (--min-output-tokens, "
+                "--max-output-tokens)"
+            )
         for name in (
             "thinking_fraction",
             "unclosed_think_rate",
@@ -80,43 +87,94 @@ class EmulatorSettings:
                 raise ValueError(f"{name} must be within [0, 1], got {value}")
 
 
+# Flag types that check the range where the flag is declared: argparse then says what is wrong
+# in one line naming the flag (exit status 2), as for every other command.
+
+
+def _number(kind: type, low: float, high: float = math.inf, what: str = "") -> Callable[[str], Any]:
+    noun = "an integer" if kind is int else "a number"
+    allowed = what or (
+        f"{noun} in [{low:g}, {high:g}]" if high < math.inf else f"{noun} >= {low:g}"
+    )
+
+    def convert(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: use {allowed}") from None
+        if not (math.isfinite(value) and low <= value <= high):
+            raise argparse.ArgumentTypeError(f"{text!r}: use {allowed}")
+        return value
+
+    convert.__name__ = kind.__name__
+    return convert
+
+
+def _existing(kind: str) -> Callable[[str], Path]:
+    def convert(text: str) -> Path:
+        path = Path(text)
+        if not (path.is_dir() if kind == "directory" else path.is_file()):
+            raise argparse.ArgumentTypeError(f"{text!r}: no such {kind}")
+        return path
+
+    convert.__name__ = kind
+    return convert
+
+
+_RATE = _number(float, 0.0, 1.0, "a probability in [0, 1]")
+_COUNT = _number(int, 0)  # 0: unbounded / none
+_POSITIVE = _number(int, 1)
+_SECONDS = _number(float, 0.0)
+
+
 def add_emulator_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `draftgen emulate-server`, named after SGLang's where SGLang has one."""
     d = EmulatorSettings(tokenizer_dir=Path("."))
     add = parser.add_argument
-    add("--tokenizer", required=True, type=Path, metavar="DIR", help="tokenizer directory")
+    add(
+        "--tokenizer",
+        required=True,
+        type=_existing("directory"),
+        metavar="DIR",
+        help="tokenizer directory",
+    )
     add("--host", default=d.host)
-    add("--port", type=int, default=d.port, help="0 picks a free port")
+    add(
+        "--port",
+        type=_number(int, 0, 65535, "a port in 1-65535, or 0 for a free one"),
+        default=d.port,
+        help="0 picks a free port",
+    )
     add("--model", default="", help="served model name (default: the tokenizer dir name)")
     add("--family", default=None, help="model family override: kimi_k2, qwen3, generic")
-    add("--max-model-len", type=int, default=d.max_model_len, help="context length")
+    add("--max-model-len", type=_POSITIVE, default=d.max_model_len, help="context length")
     add(
         "--ids-style",
         choices=IDS_STYLES,
         default=d.ids_style,
         help="how chat completions return exact token ids (a server version's way)",
     )
-    add("--min-output-tokens", type=int, default=d.min_output_tokens)
-    add("--max-output-tokens", type=int, default=d.max_output_tokens)
-    add("--mean-output-tokens", type=int, default=None, help="log-normal lengths around this")
-    add("--thinking-fraction", type=float, default=d.thinking_fraction)
-    add("--unclosed-think-rate", type=float, default=d.unclosed_think_rate)
-    add("--tool-call-rate", type=float, default=d.tool_call_rate)
-    add("--tokens-per-s", type=float, default=d.tokens_per_s, help="decode speed; 0 = instant")
-    add("--max-running-requests", type=int, default=d.max_running_requests)
-    add("--max-queued-requests", type=int, default=d.max_queued_requests)
-    add("--startup-delay-s", type=float, default=d.startup_delay_s)
-    add("--fail-400-rate", type=float, default=d.rate_400_context)
-    add("--fail-503-rate", type=float, default=d.rate_503)
-    add("--fail-500-rate", type=float, default=d.rate_500)
-    add("--timeout-rate", type=float, default=d.rate_timeout)
-    add("--timeout-hang-s", type=float, default=d.timeout_hang_s)
-    add("--drop-rate", type=float, default=d.rate_drop)
-    add("--drift-rate", type=float, default=d.drift_rate)
+    add("--min-output-tokens", type=_POSITIVE, default=d.min_output_tokens)
+    add("--max-output-tokens", type=_POSITIVE, default=d.max_output_tokens)
+    add("--mean-output-tokens", type=_POSITIVE, default=None, help="log-normal lengths around this")
+    add("--thinking-fraction", type=_RATE, default=d.thinking_fraction)
+    add("--unclosed-think-rate", type=_RATE, default=d.unclosed_think_rate)
+    add("--tool-call-rate", type=_RATE, default=d.tool_call_rate)
+    add("--tokens-per-s", type=_SECONDS, default=d.tokens_per_s, help="decode speed; 0 = instant")
+    add("--max-running-requests", type=_COUNT, default=d.max_running_requests)
+    add("--max-queued-requests", type=_COUNT, default=d.max_queued_requests)
+    add("--startup-delay-s", type=_SECONDS, default=d.startup_delay_s)
+    add("--fail-400-rate", type=_RATE, default=d.rate_400_context)
+    add("--fail-503-rate", type=_RATE, default=d.rate_503)
+    add("--fail-500-rate", type=_RATE, default=d.rate_500)
+    add("--timeout-rate", type=_RATE, default=d.rate_timeout)
+    add("--timeout-hang-s", type=_SECONDS, default=d.timeout_hang_s)
+    add("--drop-rate", type=_RATE, default=d.rate_drop)
+    add("--drift-rate", type=_RATE, default=d.drift_rate)
     add("--seed", type=int, default=d.seed)
     add(
         "--script",
-        type=Path,
+        type=_existing("file"),
         default=None,
         metavar="FILE",
         help='JSON lines {"match", "output"}: the output text of prompts containing match',
@@ -124,6 +182,14 @@ def add_emulator_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def settings_from_args(args: argparse.Namespace) -> EmulatorSettings:
+    """The settings of the flags; a rule across flags that fails is one line (a CliError)."""
+    try:
+        return _settings(args)
+    except ValueError as err:
+        raise CliError(str(err)) from None
+
+
+def _settings(args: argparse.Namespace) -> EmulatorSettings:
     return EmulatorSettings(
         tokenizer_dir=args.tokenizer,
         host=args.host,

@@ -9,6 +9,7 @@ missing required setting is one line naming the flag and its environment variabl
 from __future__ import annotations
 
 import argparse
+import os
 import types
 import typing
 from collections.abc import Iterable
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import orjson
-from pydantic import AliasChoices, TypeAdapter, ValidationError
+from pydantic import AliasChoices, ConfigDict, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
@@ -59,11 +60,13 @@ def env_names(cls: type[BaseSettings], name: str) -> list[str]:
     return [f"{cls.model_config.get('env_prefix', '')}{name}".upper()]
 
 
-def _converter(flag: str, annotation: Any, field: FieldInfo) -> Any:
+def _converter(flag: str, annotation: Any, field: FieldInfo, cls: type[BaseSettings]) -> Any:
     constrained: Any = annotation
     if field.metadata:
         constrained = typing.Annotated[annotation, *field.metadata]
-    adapter: TypeAdapter[Any] = TypeAdapter(constrained)
+    # the class's own rules for numbers (no nan, no inf), as when it is built
+    config = ConfigDict(allow_inf_nan=cls.model_config.get("allow_inf_nan", True))
+    adapter: TypeAdapter[Any] = TypeAdapter(constrained, config=config)
 
     def convert(text: str) -> Any:
         try:
@@ -116,7 +119,7 @@ def add_flags(
                 if all(isinstance(c, str) and c.isupper() for c in choices):
                     options["type"] = str.upper  # INFO or info
             else:
-                options["type"] = _converter(flag, annotation, field)
+                options["type"] = _converter(flag, annotation, field, cls)
                 options["metavar"] = extra.get("metavar", name.upper())
             options.update({k: extra[k] for k in ("nargs", "const") if k in extra})
             shown = not field.is_required() and field.default not in (None, "")
@@ -193,10 +196,14 @@ def describe(cls: type[BaseSettings], err: ValidationError) -> str:
     if owner is None or name is None:
         return f"invalid settings: {first['msg']}"
     flag = _extra(owner.model_fields[name]).get("flag")
-    env = env_names(owner, name)[0]
+    names = env_names(owner, name)
     if first["type"] == "missing":
-        return f"{flag} is required (or set {env})" if flag else f"set {env}"
-    return f"{flag or env}: {str(first['msg']).removeprefix(_VALUE_ERROR)}"
+        return f"{flag} is required (or set {names[0]})" if flag else f"set {names[0]}"
+    # A flag's own value was checked as it was parsed: a bad value here is from the
+    # environment when a variable of the setting is set, and is named so.
+    environ = {key.upper() for key in os.environ}
+    source = next((env for env in names if env.upper() in environ), None) or flag or names[0]
+    return f"{source}: {str(first['msg']).removeprefix(_VALUE_ERROR)}"
 
 
 def _locate(

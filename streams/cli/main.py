@@ -25,7 +25,7 @@ from streams.cli import (
 )
 from streams.cli.flags import add_flags, build
 from streams.core.errors import CliError
-from streams.core.outage import quiet_repeats
+from streams.core.outage import quiet_repeats, short_error
 from streams.core.settings import LogSettings
 
 COMMANDS = (run, publish, worker, replay, seal, dead_letters, status, export, report, emulate)
@@ -98,3 +98,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as err:
+        # A failure at run time (no network for an hf: source, a port taken): one line for the
+        # operator, status 1; the traceback is for whoever asks for it.
+        logging.getLogger("draftgen").debug("%s failed", args.command, exc_info=True)
+        hint = (
+            ""
+            if logging.getLogger().isEnabledFor(logging.DEBUG)
+            else " (--log-level DEBUG: traceback)"
+        )
+        print(f"draftgen {args.command}: error: {short_error(err)}{hint}", file=sys.stderr)
+        return 1

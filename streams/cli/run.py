@@ -131,6 +131,14 @@ def register(commands: Any) -> None:
     parser.set_defaults(handler=run_pipeline)
 
 
+def worker_env(workdir: Path) -> dict[str, str]:
+    """The environment a worker of the run starts with, beyond the run's own: its temporary
+    files (faust's datadir) under the workdir, so a killed worker leaves nothing in /tmp."""
+    tmp = workdir / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)  # tempfile ignores a TMPDIR that does not exist
+    return {"TMPDIR": str(tmp)}
+
+
 def write_settings(workdir: Path, name: str, **sections: Any) -> Path:
     """A worker's settings as a file it is started with (`--settings`); secrets stay in the
     environment the worker inherits."""
@@ -177,7 +185,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
 
         def start(name: str, stage: str, path: Path) -> ManagedProcess:
             argv = ["--log-level", args.log_level, "worker", stage, "--settings", str(path)]
-            return stack.start_worker(name, argv)
+            return stack.start_worker(name, argv, env=worker_env(workdir))
 
         workers = []
         for index, server in enumerate(servers):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import signal
 import sys
 import tempfile
@@ -60,6 +61,8 @@ def create_app(
         autodiscover=False,
         web_enabled=False,
         store="memory://",
+        # faust creates it even with the memory store; removed when the worker stops
+        # (run_worker), and under the run's workdir for workers of `draftgen run` (TMPDIR)
         datadir=tempfile.mkdtemp(prefix="draftgen-faust-"),
         # No leader topic, no auto-created topics: the pipeline's topics are created explicitly.
         topic_disable_leader=True,
@@ -140,6 +143,9 @@ def run_worker(app: faust.App, loglevel: str = "WARNING") -> None:
             quiet_repeats()
 
     logging.getLogger("faust").setLevel(loglevel)
-    QuietWorker(
-        app, loglevel=loglevel, quiet=True, redirect_stdouts=False
-    ).execute_from_commandline()
+    try:
+        QuietWorker(
+            app, loglevel=loglevel, quiet=True, redirect_stdouts=False
+        ).execute_from_commandline()
+    finally:  # it ends with SystemExit, also on SIGTERM
+        shutil.rmtree(app.conf.datadir, ignore_errors=True)

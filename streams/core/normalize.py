@@ -55,6 +55,7 @@ ERROR_KINDS = frozenset(
         "missing_tool_call_id",  # a tool result that answers no known call
         "bad_tool_call",  # an assistant tool call without function name / string arguments
         "ends_with_assistant",  # only from validate_prompt_messages: the answer is already there
+        "bad_tools",  # a tool that is not an OpenAI function tool (validate_prompt_messages)
     }
 )
 
@@ -274,7 +275,8 @@ def validate_prompt_messages(messages: Any, tools: Any = None) -> None:
 
     Used on normalized output and by the generate stage on what it consumes: roles known,
     contents strings, tool results carry `tool_call_id`, assistant tool calls have a function
-    name and string arguments, some user turn exists, and the last turn is not an assistant's.
+    name and string arguments, some user turn exists, the last turn is not an assistant's, and
+    the tools, when given, are function tools.
     """
     if not isinstance(messages, list):
         raise RecordError("bad_shape", "messages must be a list")
@@ -282,12 +284,33 @@ def validate_prompt_messages(messages: Any, tools: Any = None) -> None:
         raise RecordError("empty_messages", "the conversation has no turns")
     for index, message in enumerate(messages):
         _validate_message(message, index)
-    if tools is not None and not isinstance(tools, list):
-        raise RecordError("bad_shape", "tools must be a list")
+    if tools is not None:
+        validate_tools(tools)
     if messages[-1]["role"] == "assistant":
         raise RecordError("ends_with_assistant", "the last turn is already an assistant answer")
     if not any(message["role"] == "user" for message in messages):
         raise RecordError("no_user_turn", "no user turn: nothing to answer")
+
+
+def validate_tools(tools: Any) -> None:
+    """Tools as `normalize_tools` leaves them: `{"type": "function", "function": {"name", …}}`
+    with an object of parameters. Anything else is the prompt's fault, found before a request:
+    a server refuses it, or fails on it with a 5xx that would be retried as transient."""
+    if not isinstance(tools, list):
+        raise RecordError("bad_tools", f"tools must be a list, got {type(tools).__name__}")
+    for index, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise RecordError("bad_tools", f"tool {index} is not an object")
+        function = tool.get("function")
+        if tool.get("type", "function") != "function" or not isinstance(function, dict):
+            raise RecordError("bad_tools", f"tool {index} is not a function tool")
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise RecordError("bad_tools", f"tool {index}: the function has no name")
+        if not isinstance(function.get("parameters", {}), dict | None):
+            raise RecordError("bad_tools", f"tool {index} ({name}): parameters is not an object")
+        if not isinstance(function.get("description", ""), str | None):
+            raise RecordError("bad_tools", f"tool {index} ({name}): description is not text")
 
 
 def _validate_message(message: Any, index: int) -> None:

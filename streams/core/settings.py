@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import ssl
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from pydantic import (
@@ -61,6 +62,53 @@ def _safe_prefix(value: str) -> str:
 SafeName = Annotated[str, AfterValidator(_safe_name)]
 # the topic and group prefix (may be empty)
 SafePrefix = Annotated[str, AfterValidator(_safe_prefix)]
+
+_HOST_PORT = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(?P<port>[0-9]{1,5})")
+
+
+def _bootstrap(value: str) -> str:
+    """host:port[,host:port]: checked here, as aiokafka fails on it with a traceback."""
+    for server in value.split(","):
+        found = _HOST_PORT.fullmatch(server.strip())
+        if found is None or not 1 <= int(found["port"]) <= 65535:
+            raise ValueError(
+                f"{value!r} is not a list of servers: use host:port[,host:port], ports 1-65535"
+            )
+    return value
+
+
+def _server_url(value: str) -> str:
+    """An http(s) base URL with a host: anything else would be retried as a server that is
+    down, forever."""
+    try:
+        url = urlsplit(value.strip())
+        port_ok = url.port is None or url.port > 0  # .port raises on a bad one
+    except ValueError:
+        port_ok = False
+    if not port_ok or url.scheme not in ("http", "https") or not url.hostname:
+        raise ValueError(f"{value!r} is not a server URL: use http://host[:port] or https://…")
+    return value.strip()
+
+
+# what fsspec may write shards to; anything else fails late, or (memory://) loses them
+_OUT_SCHEMES = ("file", "s3", "s3a")
+
+
+def _output_root(value: str) -> str:
+    scheme = value.partition("://")[0].lower() if "://" in value else None
+    if not value.strip() or (scheme is not None and scheme not in _OUT_SCHEMES):
+        raise ValueError(
+            f"{value!r} is not an output root: use a local path, file://… or s3://bucket/prefix"
+        )
+    return value
+
+
+Bootstrap = Annotated[str, AfterValidator(_bootstrap)]
+ServerUrl = Annotated[str, AfterValidator(_server_url)]
+OutputRoot = Annotated[str, AfterValidator(_output_root)]
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+# aiokafka's mechanisms
+SaslMechanism = Literal["PLAIN", "GSSAPI", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]
 
 
 def _concurrency(value: object) -> object:
@@ -135,13 +183,16 @@ class Settings(BaseSettings):
         populate_by_name=True,
         # An empty variable means "not set", as in the rest of the shell world.
         env_ignore_empty=True,
+        # nan compares false with every bound and inf passes `gt=0`: neither is a setting
+        # (an --idle-flush of nan never flushed)
+        allow_inf_nan=False,
     )
 
 
 class KafkaSettings(Settings):
     model_config = SettingsConfigDict(env_prefix="DRAFTGEN_KAFKA_")
 
-    bootstrap: str = setting(
+    bootstrap: Bootstrap = setting(
         flag="--bootstrap",
         help="Kafka bootstrap servers host:port[,host:port]",
         env=("DRAFTGEN_BOOTSTRAP",),
@@ -153,8 +204,8 @@ class KafkaSettings(Settings):
     partitions: int = setting(
         64, flag="--partitions", help="partitions for topics this command creates", gt=0
     )
-    security_protocol: str = "PLAINTEXT"
-    sasl_mechanism: str | None = None
+    security_protocol: SecurityProtocol = "PLAINTEXT"
+    sasl_mechanism: SaslMechanism | None = None
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
     ssl_cafile: str | None = None
@@ -173,6 +224,11 @@ class KafkaSettings(Settings):
     session_timeout_s: float = setting(10.0, gt=0)
     # a generation may take minutes, so the poll interval is long (faust default: 300 s)
     max_poll_interval_s: float = setting(1000.0, gt=0)
+
+    @field_validator("security_protocol", "sasl_mechanism", mode="before")
+    @classmethod
+    def _any_case(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
 
     @property
     def rebalance_timeout_s(self) -> float:
@@ -255,7 +311,7 @@ class KafkaSettings(Settings):
 class StorageSettings(Settings):
     """Where shards go: a local path or any fsspec URL (s3://bucket/prefix)."""
 
-    out: str = setting(
+    out: OutputRoot = setting(
         flag="--out", help="output root: a local path, file:// or s3://bucket/prefix"
     )
     s3_endpoint_url: str | None = setting(
@@ -338,7 +394,7 @@ class RetrySettings(Settings):
 
 
 class GenerateSettings(Settings):
-    server: str = setting(flag="--server", help="the SGLang server's base URL")
+    server: ServerUrl = setting(flag="--server", help="the SGLang server's base URL")
     kafka: KafkaSettings = setting(default_factory=lambda: KafkaSettings())
     concurrency: Concurrency = setting(
         DEFAULT_CONCURRENCY,
@@ -454,7 +510,10 @@ class TokenizeSettings(Settings):
     shard_max_records: int = setting(2000, flag="--shard-records", gt=0)
     shard_max_tokens: int = setting(8_000_000, flag="--shard-tokens", gt=0)
     idle_flush_s: float = setting(
-        10.0, flag="--idle-flush", help="seconds before an idle partition's open shard is written"
+        10.0,
+        flag="--idle-flush",
+        help="seconds before an idle partition's open shard is written",
+        gt=0,
     )
     # what all open windows of a worker may hold together (records' bytes); past it the largest
     # window is flushed early: memory stays bounded whatever the backlog (sinks/sink.py)
@@ -556,7 +615,7 @@ class LogSettings(Settings):
 class RunSettings(Settings):
     """`draftgen run`: what to start when it is not given."""
 
-    server_urls: list[str] = setting(
+    server_urls: list[ServerUrl] = setting(
         default_factory=list,
         flag="--server",
         help="an SGLang server URL, repeatable (default: start emulated servers)",
@@ -564,7 +623,9 @@ class RunSettings(Settings):
     servers: int = setting(
         2, flag="--servers", help="how many emulated servers to start when no --server", gt=0
     )
-    out: str | None = setting(None, flag="--out", help="output root (default: runs/<time>/out)")
+    out: OutputRoot | None = setting(
+        None, flag="--out", help="output root (default: runs/<time>/out)"
+    )
     dataset: SafeName = setting("sample", flag="--dataset", help="dataset version name")
     tokenizer: str | None = setting(
         None,
@@ -596,7 +657,7 @@ class StatusSettings(Settings):
     """`draftgen status`."""
 
     kafka: KafkaSettings = setting(default_factory=lambda: KafkaSettings())
-    out: str | None = setting(
+    out: OutputRoot | None = setting(
         None, flag="--out", help="output root of the dataset versions (for samples and tokens)"
     )
     datasets: list[SafeName] = setting(
@@ -692,13 +753,16 @@ class ExportSettings(Settings):
 
 
 def _kafka_if_configured() -> KafkaSettings | None:
-    """The broker's settings when the environment names one, else None (optional Kafka)."""
+    """The broker's settings when the environment names one, else None (optional Kafka); a
+    bad one is an error, not a reason to go without."""
     from pydantic import ValidationError
 
     try:
         return KafkaSettings()
-    except ValidationError:
-        return None
+    except ValidationError as err:
+        if all(error["type"] == "missing" for error in err.errors()):
+            return None
+        raise
 
 
 class ReportSettings(Settings):

@@ -50,7 +50,7 @@ def conversation_to_regenerate(value: bytes) -> tuple[PromptRecord, list[list[Me
         return None
     try:
         prompt = PromptRecord.decode(value)
-        validate_prompt_messages(prompt.messages)
+        validate_prompt_messages(prompt.messages, prompt.tools)
     except RecordError:
         return None  # the usual path dead-letters it with the reason
     if (prompt.meta or {}).get("regen") != EVERY_TURN:

@@ -262,7 +262,8 @@ class GenerateWorker:
         prompt_id = key.decode("utf-8", "replace") if key else None
         try:
             prompt = PromptRecord.decode(value)
-            validate_prompt_messages(prompt.messages)
+            # the tools too: a prompt the server cannot take is a dead letter before a request
+            validate_prompt_messages(prompt.messages, prompt.tools)
         except RecordError as err:
             return self._dead_letter(err.kind, err.message, value, prompt_id)
         try:

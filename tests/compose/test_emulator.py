@@ -653,6 +653,8 @@ def test_bad_requests(start_emulator: StartEmulator) -> None:
 
 
 def test_cli_flags_fill_settings(tmp_path: Path) -> None:
+    (tmp_path / "my-model").mkdir()
+    (tmp_path / "script.jsonl").touch()
     parser = argparse.ArgumentParser()
     add_emulator_arguments(parser)
     args = parser.parse_args(

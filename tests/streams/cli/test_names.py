@@ -51,7 +51,7 @@ def test_an_unsafe_topic_prefix_is_refused_from_a_flag_or_the_environment(
     assert code == 2 and err.count("\n") == 1 and "not a safe prefix" in err, err
     monkeypatch.setenv("DRAFTGEN_KAFKA_TOPIC_PREFIX", prefix)
     code, err = run_main(capsys, *base)
-    assert code == 2 and err.count("\n") == 1 and "--topic-prefix:" in err, err
+    assert code == 2 and err.count("\n") == 1 and "DRAFTGEN_KAFKA_TOPIC_PREFIX:" in err, err
 
 
 @pytest.mark.parametrize("name", ["v1", "k26-v2.fixed", "A_b-3", "9" * 100])
@@ -63,6 +63,6 @@ def test_safe_names_pass(name: str) -> None:
         TokenizeSettings,
     )
 
-    kafka = KafkaSettings(bootstrap="b", topic_prefix=f"{name[:99]}-")
+    kafka = KafkaSettings(bootstrap="b:1", topic_prefix=f"{name[:99]}-")
     TokenizeSettings(tokenizer_dir="t", dataset=name, storage=StorageSettings(out="o"), kafka=kafka)
     GenerateSettings(server="http://s", instance_id=name, kafka=kafka)

@@ -147,7 +147,7 @@ def test_auto_falls_back_to_the_default_when_the_server_does_not_say(
 
 
 def _parsed(*flags: str) -> GenerateSettings:
-    argv = ["worker", "generate", "--server", "s", "--bootstrap", "k", *flags]
+    argv = ["worker", "generate", "--server", "http://s", "--bootstrap", "k:1", *flags]
     return build(GenerateSettings, build_parser().parse_args(argv))
 
 
@@ -170,4 +170,7 @@ def test_bad_concurrency_is_one_line(bad: str, capsys: pytest.CaptureFixture[str
 
 def test_concurrency_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DRAFTGEN_CONCURRENCY", "auto")
-    assert GenerateSettings(server="s", kafka=KafkaSettings(bootstrap="k")).concurrency == "auto"
+    assert (
+        GenerateSettings(server="http://s", kafka=KafkaSettings(bootstrap="k:1")).concurrency
+        == "auto"
+    )

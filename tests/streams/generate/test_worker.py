@@ -771,6 +771,55 @@ def test_a_prompt_with_a_field_of_the_wrong_type_is_one_bad_shape_letter(field: 
     run(scenario)
 
 
+BAD_TOOLS = {
+    "a string": "run_shell",  # not a list: refused by the record's own check
+    "an object": {"type": "function", "function": {"name": "f"}},
+    "not function tools": [{"foo": 1}],
+    "a bare schema": [{"name": "f", "parameters": {}}],
+    "no name": [{"type": "function", "function": {"description": "d"}}],
+    "a name that is not text": [{"type": "function", "function": {"name": 5}}],
+    "parameters that are not an object": [
+        {"type": "function", "function": {"name": "f", "parameters": "x"}}
+    ],
+    "another type": [{"type": "retrieval", "function": {"name": "f"}}],
+}
+
+
+@pytest.mark.parametrize("tools", BAD_TOOLS.values(), ids=BAD_TOOLS.keys())
+def test_a_prompt_with_bad_tools_is_a_dead_letter_before_any_request(tools: Any) -> None:
+    """Such tools make a server answer 400, or fail with a 5xx retried as transient: either
+    way requests spent on a prompt that can never succeed."""
+
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        client.always["p"] = GenerationError("http_500", "template failed", transient=True)
+        worker, _ = await once_worker(client, kafka)
+        raw = with_field(prompt_dict("p"), "tools", tools)
+        await worker.submit(FakeEvent(kafka.journal, TP, 0, b"p", raw))
+        await until(lambda: kafka.acked() == [0], "acked")
+        (letter,) = kafka.letters()
+        assert letter.kind in ("bad_tools", "bad_shape") and "tool" in letter.message
+        assert letter.kind == "bad_tools" or isinstance(tools, str | dict)
+        assert client.requests == []
+        await worker.stop()
+
+    run(scenario)
+
+
+def test_a_prompt_with_function_tools_is_generated() -> None:
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        worker, _ = await once_worker(client, kafka)
+        tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+        raw = with_field(prompt_dict("p"), "tools", [tool])
+        await worker.submit(FakeEvent(kafka.journal, TP, 0, b"p", raw))
+        await until(lambda: kafka.acked() == [0], "acked")
+        assert client.requests == ["p"] and kafka.letters() == []
+        await worker.stop()
+
+    run(scenario)
+
+
 def test_a_completion_refused_by_a_topic_with_a_lower_limit_is_a_dead_letter() -> None:
     """The topic was created with a smaller max.message.bytes than the setting: the refusal is
     final, so the prompt is dead-lettered (and recorded so) instead of retried forever."""

@@ -319,7 +319,7 @@ def test_dataset_without_out_is_a_user_error() -> None:
 
 def test_worker_metrics_flags() -> None:
     args = build_parser().parse_args(
-        ["worker", "generate", "--server", "http://s", "--bootstrap", "k", "--metrics-port", "0"]
+        ["worker", "generate", "--server", "http://s", "--bootstrap", "k:1", "--metrics-port", "0"]
     )
     observe = build(ObserveSettings, args)
     assert (observe.metrics_port, observe.metrics_host, observe.heartbeat_s) == (
@@ -327,7 +327,9 @@ def test_worker_metrics_flags() -> None:
         "127.0.0.1",
         5.0,
     )
-    default = build_parser().parse_args(["worker", "generate", "--server", "s", "--bootstrap", "k"])
+    default = build_parser().parse_args(
+        ["worker", "generate", "--server", "http://s", "--bootstrap", "k:1"]
+    )
     assert build(ObserveSettings, default).metrics_port is None
 
 

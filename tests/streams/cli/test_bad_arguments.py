@@ -1,0 +1,218 @@
+"""Every bad flag and `DRAFTGEN_*` setting is one line on stderr naming it, exit status 2, and
+nothing waits on it: each case is a real `draftgen` process with a deadline. None needs Kafka:
+a command that got as far as connecting would fail on the unused port it is given instead.
+
+The processes run together (a module fixture) and each case checks its own result.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from streams.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[3]
+TOKENIZER = str(ROOT / "compose" / "assets" / "qwen36-tiny")
+DEADLINE_S = 30
+BOOTSTRAP = "BOOTSTRAP"  # replaced by an unused loopback port
+
+
+@dataclass(frozen=True)
+class Case:
+    argv: tuple[str, ...]
+    names: str  # what the line must name: the flag or the environment variable
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def generate(*flags: str) -> tuple[str, ...]:
+    return (
+        "worker",
+        "generate",
+        "--server",
+        "http://127.0.0.1:9",
+        "--bootstrap",
+        BOOTSTRAP,
+        *flags,
+    )
+
+
+def tokenize(*flags: str) -> tuple[str, ...]:
+    base = ("worker", "tokenize", "--tokenizer", TOKENIZER, "--dataset", "v")
+    return (*base, "--bootstrap", BOOTSTRAP, *flags)
+
+
+def emulate(*flags: str) -> tuple[str, ...]:
+    return ("emulate-server", "--tokenizer", TOKENIZER, *flags)
+
+
+CASES: dict[str, Case] = {
+    # tracebacks before
+    "out-ftp": Case(tokenize("--out", "ftp://x/y"), "--out"),
+    "bootstrap-port": Case(generate("--bootstrap", "localhost:notaport"), "--bootstrap"),
+    "bootstrap-port-range": Case(generate("--bootstrap", "h:70000"), "--bootstrap"),
+    "session-timeout-text": Case(
+        generate(), "DRAFTGEN_KAFKA_SESSION_TIMEOUT_S", {"DRAFTGEN_KAFKA_SESSION_TIMEOUT_S": "abc"}
+    ),
+    "security-protocol": Case(
+        generate(),
+        "DRAFTGEN_KAFKA_SECURITY_PROTOCOL",
+        {"DRAFTGEN_KAFKA_SECURITY_PROTOCOL": "BOGUS"},
+    ),
+    "sasl-mechanism": Case(
+        generate(), "DRAFTGEN_KAFKA_SASL_MECHANISM", {"DRAFTGEN_KAFKA_SASL_MECHANISM": "BOGUS"}
+    ),
+    "emulator-tokenizer": Case(
+        ("emulate-server", "--tokenizer", "/nonexistent/tokenizer"), "--tokenizer"
+    ),
+    "emulator-port": Case(emulate("--port", "70000"), "--port"),
+    "emulator-rate": Case(emulate("--fail-503-rate", "2"), "--fail-503-rate"),
+    "emulator-min-output": Case(emulate("--min-output-tokens", "0"), "--min-output-tokens"),
+    "emulator-min-over-max": Case(
+        emulate("--min-output-tokens", "10", "--max-output-tokens", "5"), "--max-output-tokens"
+    ),
+    "emulator-speed-nan": Case(emulate("--tokens-per-s", "nan"), "--tokens-per-s"),
+    # never exited before
+    "prefix-publish": Case(
+        ("publish", "--bootstrap", BOOTSTRAP, "--topic-prefix", "bad topic!"), "--topic-prefix"
+    ),
+    "prefix-tokenize": Case(
+        tokenize("--out", "o", "--topic-prefix", "bad topic!"), "--topic-prefix"
+    ),
+    "prefix-env": Case(
+        generate(), "DRAFTGEN_KAFKA_TOPIC_PREFIX", {"DRAFTGEN_KAFKA_TOPIC_PREFIX": "bad topic!"}
+    ),
+    "server-not-a-url": Case(generate("--server", "not-a-url"), "--server"),
+    "server-ftp": Case(generate("--server", "ftp://host/x"), "--server"),
+    "server-port": Case(generate("--server", "http://host:99999"), "--server"),
+    "run-server": Case(("run", "--server", "not-a-url"), "--server"),
+    # accepted though wrong before
+    "top-p": Case(generate("--top-p", "5"), "--top-p"),
+    "steal-after": Case(generate("--steal-after", "-1"), "--steal-after"),
+    "steal-margin": Case(generate("--steal-margin", "-1"), "--steal-margin"),
+    "steal-batch": Case(generate("--steal-batch", "-1"), "--steal-batch"),
+    "idle-flush-negative": Case(tokenize("--out", "o", "--idle-flush", "-1"), "--idle-flush"),
+    "idle-flush-nan": Case(tokenize("--out", "o", "--idle-flush", "nan"), "--idle-flush"),
+    "timeout-inf": Case(
+        ("seal", "--out", "o", "--dataset", "v", "--bootstrap", BOOTSTRAP, "--timeout", "inf"),
+        "--timeout",
+    ),
+    "session-timeout-negative": Case(
+        generate(), "DRAFTGEN_KAFKA_SESSION_TIMEOUT_S", {"DRAFTGEN_KAFKA_SESSION_TIMEOUT_S": "-5"}
+    ),
+    "out-empty": Case(tokenize("--out", ""), "--out"),
+    "report-bootstrap-env": Case(
+        ("report", "--out", "o", "--dataset", "v"),
+        "DRAFTGEN_BOOTSTRAP",
+        {"DRAFTGEN_BOOTSTRAP": "x"},
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Result:
+    code: int | None  # None: still running at the deadline (killed)
+    stderr: str
+    cwd: Path
+
+
+def unused_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTGEN_")}
+    return {**env, **extra}
+
+
+def draftgen(argv: list[str], env: dict[str, str], cwd: Path) -> Result:
+    command = [sys.executable, "-m", "streams", *argv]
+    try:
+        done = subprocess.run(
+            command, env=env, cwd=cwd, capture_output=True, text=True, timeout=DEADLINE_S
+        )
+    except subprocess.TimeoutExpired as expired:
+        stderr = expired.stderr.decode() if isinstance(expired.stderr, bytes) else ""
+        return Result(None, stderr, cwd)
+    return Result(done.returncode, done.stderr, cwd)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Result]]:
+    bootstrap = f"127.0.0.1:{unused_port()}"
+    python_path = {"PYTHONPATH": str(ROOT)}
+
+    def run(name: str) -> Result:
+        case = CASES[name]
+        cwd = tmp_path_factory.mktemp(name)  # relative outputs land here, if anywhere
+        argv = [bootstrap if a == BOOTSTRAP else a for a in case.argv]
+        return draftgen(argv, clean_env(**python_path, **case.env), cwd)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        yield dict(zip(CASES, pool.map(run, CASES), strict=True))
+
+
+def only_line(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_bad_setting_is_one_line_naming_it_and_status_2(
+    results: dict[str, Result], name: str
+) -> None:
+    result, case = results[name], CASES[name]
+    assert result.code is not None, f"still running after {DEADLINE_S}s: {result.stderr}"
+    line = only_line(result.stderr)
+    assert result.code == 2, result.stderr
+    assert line.startswith("draftgen ") and " error: " in line, line
+    assert case.names in line, line
+    # refused before anything was written (an empty --out once wrote dataset.json here)
+    assert list(result.cwd.iterdir()) == []
+
+
+def test_a_port_in_use_is_one_line_and_status_1(tmp_path: Path) -> None:
+    """A failure at run time, not a bad value: one line all the same."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        result = draftgen(
+            ["emulate-server", "--tokenizer", TOKENIZER, "--port", port],
+            clean_env(PYTHONPATH=str(ROOT)),
+            tmp_path,
+        )
+    assert result.code == 1, result.stderr
+    line = only_line(result.stderr)
+    assert line.startswith("draftgen emulate-server: error: ") and port in line, line
+
+
+def test_a_source_that_cannot_be_reached_is_one_line_and_status_1(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`publish hf:org/x` without network: what datasets raises (HF_HUB_OFFLINE=1 raises the
+    same), after the broker was reached (faked here: the real one needs Kafka)."""
+    import producers.publish
+
+    async def publish(*args: object, **kwargs: object) -> None:
+        raise ConnectionError("Couldn't reach 'org/x' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(producers.publish, "publish", publish)
+    code = main(["publish", "hf:org/x", "--bootstrap", "127.0.0.1:9"])
+    err = capsys.readouterr().err
+    assert code == 1
+    line = only_line(err)
+    assert line.startswith("draftgen publish: error: ConnectionError: Couldn't reach 'org/x'"), line
+    assert "--log-level DEBUG" in line  # where the traceback is

@@ -1,0 +1,41 @@
+"""faust's datadir: under the temporary directory the worker was given, removed when it stops."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+from faust.worker import Worker
+
+from streams.core.faust_app import create_app, run_worker
+from streams.core.settings import KafkaSettings
+
+KAFKA = KafkaSettings(bootstrap="127.0.0.1:9")  # never connected to
+
+
+@pytest.fixture
+def tmp_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """What TMPDIR names (tempfile reads it once per process, so its cached value is set)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.parametrize("ending", [SystemExit(0), KeyboardInterrupt(), RuntimeError("boom")])
+def test_the_datadir_is_under_tmpdir_and_removed_when_the_worker_stops(
+    tmp_root: Path, monkeypatch: pytest.MonkeyPatch, ending: BaseException
+) -> None:
+    app = create_app("datadir-test", KAFKA, prefetch=4)
+    datadir = Path(app.conf.datadir)
+    assert datadir.parent == tmp_root and datadir.is_dir()
+    (datadir / "v1").mkdir()  # what faust puts there
+
+    def execute(self: Worker) -> None:  # the worker's run, ending as a stopped worker's does
+        assert datadir.is_dir()
+        raise ending
+
+    monkeypatch.setattr(Worker, "execute_from_commandline", execute)
+    with pytest.raises(type(ending)):
+        run_worker(app)
+    assert not datadir.exists()
+    assert list(tmp_root.iterdir()) == []
