@@ -62,6 +62,10 @@ def _known_errors() -> tuple[type[BaseException], ...]:
     )
 
 
+# commands that do one thing and end: a failure is their one line of output
+ONE_SHOT = ("publish", "dead-letters", "seal", "export", "report")
+
+
 def _configure_logging(level: str, command: str) -> None:
     logging.basicConfig(
         level=level,
@@ -80,6 +84,10 @@ def _configure_logging(level: str, command: str) -> None:
         # Short-lived readers of just-created topics: aiokafka logs each internal retry of an
         # offset lookup on a partition whose leader is not elected yet as an ERROR.
         logging.getLogger("aiokafka.consumer.fetcher").setLevel(logging.CRITICAL)
+    if command in ONE_SHOT:
+        # A broker it cannot reach fails the command with one line (main); aiokafka's own
+        # "Unable connect" ERROR before it would be a second.
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -216,3 +216,18 @@ def test_a_source_that_cannot_be_reached_is_one_line_and_status_1(
     line = only_line(err)
     assert line.startswith("draftgen publish: error: ConnectionError: Couldn't reach 'org/x'"), line
     assert "--log-level DEBUG" in line  # where the traceback is
+
+
+def test_a_broker_that_cannot_be_reached_is_one_line(tmp_path: Path) -> None:
+    """aiokafka's own "Unable connect" ERROR is not printed before the command's line."""
+    source = tmp_path / "one.jsonl"
+    source.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    bootstrap = f"127.0.0.1:{unused_port()}"
+    result = draftgen(
+        ["publish", str(source), "--bootstrap", bootstrap],
+        clean_env(PYTHONPATH=str(ROOT)),
+        tmp_path,
+    )
+    assert result.code == 2, result.stderr
+    line = only_line(result.stderr)
+    assert line.startswith("draftgen publish: error: ") and bootstrap.split(":")[1] in line, line
