@@ -22,7 +22,7 @@ from streams.core.settings import (
     OnceSettings,
     generate_prefetch,
 )
-from streams.generate.client import SGLangClient
+from streams.generate.client import AUTH, SGLangClient
 from streams.generate.once import OnceGenerateWorker
 from streams.generate.steal import Stealer
 from streams.generate.worker import GenerateStats, GenerateWorker
@@ -42,7 +42,11 @@ def generate_figures(stats: GenerateStats, requests: int) -> Figures:
             "skipped": stats.skipped,
             "stolen": stats.stolen,
         },
-        gauges={"in_flight": stats.in_flight, "paused": 1.0 if stats.paused else 0.0},
+        gauges={
+            "in_flight": stats.in_flight,
+            "paused": 1.0 if stats.paused else 0.0,
+            "paused_auth": 1.0 if stats.paused_for == AUTH else 0.0,
+        },
         errors=dict(stats.errors),
     )
 
