@@ -23,6 +23,7 @@ from streams.core.settings import (
     generate_prefetch,
 )
 from streams.generate.client import AUTH, SGLangClient
+from streams.generate.fair import FairTurns
 from streams.generate.once import OnceGenerateWorker
 from streams.generate.steal import Stealer
 from streams.generate.worker import GenerateStats, GenerateWorker
@@ -108,12 +109,18 @@ def build_generate_app(
     )
     worker.guard = guard
     observe_generate(app, worker, metrics, observe)
+    # each partition in turn, not whole backlogs one after another (streams/generate/fair.py)
+    turns = FairTurns(lambda: app.consumer)
 
     @app.agent(raw_topic(app, kafka.topic(PROMPTS)), name="generate")
     async def generate(stream: Any) -> None:
         worker.start_soon()  # the agent starts before the group is joined: ask the server now
         # Acks are ours (ordered, after delivery): see streams/generate/inflight.py.
-        await consume(stream, guard, worker.submit)
+        await consume(stream, guard, turns.wrap(worker.submit))
+
+    @app.task
+    async def end_idle_rounds() -> None:
+        await turns.run()
 
     if once.steal_after_s > 0 and once.ledger:
         prompts = kafka.topic(PROMPTS)
