@@ -24,7 +24,7 @@ def build_app(settings: EmulatorSettings, model: EmulatedModel | None = None) ->
         model = EmulatedModel(settings.tokenizer_dir, settings.family)
     engine = Engine(settings, model)
     # a chat request with a long conversation is well over aiohttp's 1 MiB default
-    app = web.Application(client_max_size=256 * 1024**2)
+    app = web.Application(client_max_size=256 * 1024**2, middlewares=[_check_api_key])
     app[ENGINE_KEY] = engine
     app.on_startup.append(_start_clock)
     app.router.add_post("/v1/chat/completions", handle_chat)
@@ -39,6 +39,21 @@ def build_app(settings: EmulatorSettings, model: EmulatedModel | None = None) ->
         app.router.add_get(path, _server_info)
     app.router.add_get("/stats", _stats)
     return app
+
+
+@web.middleware
+async def _check_api_key(request: web.Request, handler: Any) -> web.StreamResponse:
+    """SGLang's `add_api_key_middleware`: /health* and /metrics need no key; every other route
+    wants the exact bearer key, else {"error": "Unauthorized"}. Read per request, so a test can
+    change the key of a running server."""
+    settings = request.app[ENGINE_KEY].settings
+    if settings.api_key is None or request.method == "OPTIONS":
+        return await handler(request)
+    if request.path.startswith(("/health", "/metrics")):
+        return await handler(request)
+    if request.headers.get("Authorization") != f"Bearer {settings.api_key}":
+        return json_response({"error": "Unauthorized"}, status=settings.auth_status)
+    return await handler(request)
 
 
 async def _start_clock(app: web.Application) -> None:

@@ -45,6 +45,11 @@ class EmulatorSettings:
     max_queued_requests: int = 0
     # seconds /health_generate answers 503 (and generation waits) after start, as while loading
     startup_delay_s: float = 0.0
+    # SGLang's --api-key: every route but /health* wants `Authorization: Bearer <key>` and
+    # answers 401 without it. A test may change it on a running server (`engine.settings`).
+    api_key: str | None = None
+    # what a request without the key gets: SGLang's 401, or 403 as an authorizing proxy answers
+    auth_status: int = 401
 
     # Failure injection, each a probability per request.
     rate_400_context: float = 0.0  # per prompt: the same prompt always fails
@@ -66,6 +71,8 @@ class EmulatorSettings:
             self.model = self.tokenizer_dir.resolve().name
         if self.ids_style not in IDS_STYLES:
             raise ValueError(f"ids_style must be one of {IDS_STYLES}, got {self.ids_style!r}")
+        if self.auth_status not in (401, 403):
+            raise ValueError(f"auth_status must be 401 or 403, got {self.auth_status}")
         if self.min_output_tokens < 1 or self.max_output_tokens < self.min_output_tokens:
             raise ValueError(
                 "need 1 <= min_output_tokens <= max_output_tokens (--min-output-tokens, "
@@ -164,6 +171,18 @@ def add_emulator_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-running-requests", type=_COUNT, default=d.max_running_requests)
     add("--max-queued-requests", type=_COUNT, default=d.max_queued_requests)
     add("--startup-delay-s", type=_SECONDS, default=d.startup_delay_s)
+    add(
+        "--api-key",
+        default=None,
+        help="require `Authorization: Bearer KEY` on every route but /health*, as SGLang's",
+    )
+    add(
+        "--auth-status",
+        type=int,
+        choices=(401, 403),
+        default=d.auth_status,
+        help="the status of a request without the key (SGLang: 401)",
+    )
     add("--fail-400-rate", type=_RATE, default=d.rate_400_context)
     add("--fail-503-rate", type=_RATE, default=d.rate_503)
     add("--fail-500-rate", type=_RATE, default=d.rate_500)
@@ -208,6 +227,8 @@ def _settings(args: argparse.Namespace) -> EmulatorSettings:
         max_running_requests=args.max_running_requests,
         max_queued_requests=args.max_queued_requests,
         startup_delay_s=args.startup_delay_s,
+        api_key=args.api_key,
+        auth_status=args.auth_status,
         rate_400_context=args.fail_400_rate,
         rate_503=args.fail_503_rate,
         rate_500=args.fail_500_rate,

@@ -22,7 +22,8 @@ from streams.core.settings import (
     OnceSettings,
     generate_prefetch,
 )
-from streams.generate.client import SGLangClient
+from streams.generate.client import AUTH, SGLangClient
+from streams.generate.fair import FairTurns
 from streams.generate.once import OnceGenerateWorker
 from streams.generate.steal import Stealer
 from streams.generate.worker import GenerateStats, GenerateWorker
@@ -42,7 +43,11 @@ def generate_figures(stats: GenerateStats, requests: int) -> Figures:
             "skipped": stats.skipped,
             "stolen": stats.stolen,
         },
-        gauges={"in_flight": stats.in_flight, "paused": 1.0 if stats.paused else 0.0},
+        gauges={
+            "in_flight": stats.in_flight,
+            "paused": 1.0 if stats.paused else 0.0,
+            "paused_auth": 1.0 if stats.paused_for == AUTH else 0.0,
+        },
         errors=dict(stats.errors),
     )
 
@@ -104,12 +109,18 @@ def build_generate_app(
     )
     worker.guard = guard
     observe_generate(app, worker, metrics, observe)
+    # each partition in turn, not whole backlogs one after another (streams/generate/fair.py)
+    turns = FairTurns(lambda: app.consumer)
 
     @app.agent(raw_topic(app, kafka.topic(PROMPTS)), name="generate")
     async def generate(stream: Any) -> None:
         worker.start_soon()  # the agent starts before the group is joined: ask the server now
         # Acks are ours (ordered, after delivery): see streams/generate/inflight.py.
-        await consume(stream, guard, worker.submit)
+        await consume(stream, guard, turns.wrap(worker.submit))
+
+    @app.task
+    async def end_idle_rounds() -> None:
+        await turns.run()
 
     if once.steal_after_s > 0 and once.ledger:
         prompts = kafka.topic(PROMPTS)

@@ -1,7 +1,8 @@
 """Talks to one SGLang server through the `openai` async client (one pooled client per worker).
 
-Classifies every failure as permanent (dead letter at once), transient (retry with backoff) or
-server-down (pause the worker until /health_generate answers), the three things a worker does.
+Classifies every failure as permanent (dead letter at once), transient (retry with backoff),
+server-down (pause the worker until /health_generate answers) or refused credentials (401/403:
+pause the worker until the server accepts its API key), the things a worker does.
 """
 
 from __future__ import annotations
@@ -32,16 +33,30 @@ from streams.generate.native import NativeChat, NativeError
 
 log = logging.getLogger(__name__)
 
+# why a server cannot take requests now (`SGLangClient.unavailable`)
+DOWN = "down"
+AUTH = "auth"  # it refuses our API key (401) or what the key may do (403)
+AUTH_STATUSES = (401, 403)
+
 
 class GenerationError(Exception):
-    """A request that failed; `transient` says whether retrying can help."""
+    """A request that failed; `transient` says whether retrying can help, `auth` that the
+    server refused the credentials (the operator's to fix, not the prompt's fault)."""
 
-    def __init__(self, kind: str, message: str, transient: bool, server_down: bool = False):
+    def __init__(
+        self,
+        kind: str,
+        message: str,
+        transient: bool,
+        server_down: bool = False,
+        auth: bool = False,
+    ):
         super().__init__(f"{kind}: {message}")
         self.kind = kind
         self.message = message
         self.transient = transient
         self.server_down = server_down
+        self.auth = auth
 
 
 def classify(err: Exception) -> GenerationError:
@@ -56,6 +71,8 @@ def classify(err: Exception) -> GenerationError:
 
 
 def status_error(status: int, message: str) -> GenerationError:
+    if status in AUTH_STATUSES:
+        return GenerationError(f"http_{status}", message, transient=False, auth=True)
     if status == 400 and "context length" in message:
         return GenerationError("context_too_long", message, transient=False)
     if status in (408, 429) or status >= 500:
@@ -124,19 +141,29 @@ class SGLangClient:
         await self._openai.close()
         await self._http.aclose()
 
-    async def healthy(self) -> bool:
+    def _auth_headers(self) -> dict[str, str]:
+        if not self.settings.api_key:
+            return {}
+        return {"Authorization": f"Bearer {self.settings.api_key.get_secret_value()}"}
+
+    async def unavailable(self) -> str | None:
+        """Why the server cannot take requests now: DOWN, AUTH, or None when it can. SGLang's
+        `--api-key` exempts /health*, so the key is tried on /v1/models, which checks it."""
         try:
             response = await self._http.get(f"{self.base_url}/health_generate", timeout=10.0)
+            if response.status_code != 200:
+                return DOWN
+            response = await self._http.get(
+                f"{self.base_url}/v1/models", headers=self._auth_headers(), timeout=10.0
+            )
         except httpx2.HTTPError:
-            return False
-        return response.status_code == 200
+            return DOWN
+        return AUTH if response.status_code in AUTH_STATUSES else None
 
     async def max_running_requests(self) -> int | None:
         """The server's running-request cap (streams/generate/capacity.py), or None when it
         does not say. A server that cannot be reached raises (the caller waits it out)."""
-        headers = {}
-        if self.settings.api_key:
-            headers["Authorization"] = f"Bearer {self.settings.api_key.get_secret_value()}"
+        headers = self._auth_headers()
         for path in SERVER_INFO_PATHS:
             try:
                 response = await self._http.get(
@@ -146,7 +173,7 @@ class SGLangClient:
                 raise classify(err) from None
             if response.status_code == 404:
                 continue  # an older server: its older name
-            if response.status_code >= 500:
+            if response.status_code >= 500 or response.status_code in AUTH_STATUSES:
                 raise status_error(response.status_code, response.text[:500])
             if response.status_code != 200:
                 return None
@@ -159,7 +186,12 @@ class SGLangClient:
     async def discover(self) -> None:
         """Learn the served model name (unless given) and pick the thinking kwarg from it."""
         if not self.model:
-            models = await self._openai.models.list()
+            try:
+                models = await self._openai.models.list()
+            except openai.APIStatusError as err:
+                if err.status_code in AUTH_STATUSES:  # the worker waits for the key to work
+                    raise classify(err) from None
+                raise
             self.model = models.data[0].id
         if self.native is not None:  # the tokenizer's template says the family
             self.family = self.native.profile
@@ -192,7 +224,7 @@ class SGLangClient:
             response = await self._openai.chat.completions.create(**request)
         except Exception as err:
             failure = classify(err)
-            if failure.transient:
+            if failure.transient or failure.auth:
                 raise failure from None
             log.warning(
                 "could not ask %s how it returns token ids (%s); asking every way each time",
@@ -268,9 +300,7 @@ class SGLangClient:
         started = time.monotonic()
         try:
             rendered = native.render(prompt)
-            headers = {"Content-Type": "application/json"}
-            if self.settings.api_key:
-                headers["Authorization"] = f"Bearer {self.settings.api_key.get_secret_value()}"
+            headers = {"Content-Type": "application/json", **self._auth_headers()}
             body = orjson.dumps(native.request(rendered, sampling))
             try:
                 response = await self._http.post(

@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from streams.core.crash_guard import CRASH_LOOP, CrashGuard
 from streams.core.delivery import Send, letter_output, send_letter_output, send_until_acked
@@ -24,13 +24,15 @@ from streams.core.records import CompletionRecord, DeadLetter, PromptRecord, Rec
 from streams.core.retry import Backoff, Outage, until_done
 from streams.core.settings import DEFAULT_CONCURRENCY, GenerateSettings
 from streams.generate import regen
-from streams.generate.client import GenerationError, SGLangClient
+from streams.generate.client import AUTH, DOWN, GenerationError, SGLangClient
 from streams.generate.exact_ids import IdsWay
 from streams.generate.inflight import InFlightWindow
 
 log = logging.getLogger(__name__)
 
 STAGE = "generate"
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -41,6 +43,8 @@ class GenerateStats:
     retries: int = 0
     output_tokens: int = 0
     paused: bool = False
+    # why: DOWN (the server does not answer) or AUTH (it refuses the API key); "" when running
+    paused_for: str = ""
     # prompts acked without a request, because the ledger had them (streams/generate/once.py)
     skipped: int = 0
     # prompts generated from other workers' backlogs (streams/generate/steal.py)
@@ -73,6 +77,16 @@ def log_ids_way(server: str, way: IdsWay | None) -> None:
             server,
             NATIVE_HINT,
         )
+
+
+def pause_line(server: str, reason: str) -> str:
+    """The one line a pause gets: what is wrong and what to fix (never the key itself)."""
+    if reason == AUTH:
+        return (
+            f"server {server} refuses the API key (HTTP 401/403); pausing until it accepts "
+            "it: set DRAFTGEN_API_KEY (or OPENAI_API_KEY) to the server's --api-key"
+        )
+    return f"server {server} is down; pausing until it is healthy"
 
 
 def _report_failed_start(task: asyncio.Task[None]) -> None:
@@ -122,14 +136,22 @@ class GenerateWorker:
     async def start(self) -> None:
         """Wait for the server to answer, learn its model, then let the agent take prompts."""
         what = f"asking {self.client.base_url} for its model"
-        await until_done(what, self.client.discover, self.backoff, log, self.server)
+        await until_done(
+            what, self._authorized(self.client.discover), self.backoff, log, self.server
+        )
         what = f"asking {self.client.base_url} for token ids"
-        way = await until_done(what, self.client.probe_ids, self.backoff, log, self.server)
+        way = await until_done(
+            what, self._authorized(self.client.probe_ids), self.backoff, log, self.server
+        )
         log_ids_way(self.client.base_url, way)
         if self.settings.concurrency == "auto":
             what = f"asking {self.client.base_url} for its max_running_requests"
             cap = await until_done(
-                what, self.client.max_running_requests, self.backoff, log, self.server
+                what,
+                self._authorized(self.client.max_running_requests),
+                self.backoff,
+                log,
+                self.server,
             )
             self._use_concurrency(cap)
         log.info(
@@ -141,6 +163,22 @@ class GenerateWorker:
         )
         self._server_up.set()
         self._ready.set()
+
+    def _authorized(self, call: Callable[[], Awaitable[T]]) -> Callable[[], Awaitable[T]]:
+        """`call`, except that a refused API key pauses (one line, as for requests) until the
+        server accepts it, then calls again: at start too the key is the operator's to fix,
+        not a server "unreachable"."""
+
+        async def attempt() -> T:
+            while True:
+                try:
+                    return await call()
+                except GenerationError as err:
+                    if not err.auth:
+                        raise
+                await self._wait_for_server(AUTH)
+
+        return attempt
 
     def _use_concurrency(self, cap: int | None) -> None:
         if cap is None:
@@ -282,11 +320,16 @@ class GenerateWorker:
                 return await self.client.complete(prompt)
             except GenerationError as err:
                 self.stats.errors[err.kind] = self.stats.errors.get(err.kind, 0) + 1
+                if err.auth:
+                    # The key, not the prompt: pause the whole worker, spend nothing of the prompt.
+                    await self._wait_for_server(AUTH)
+                    continue
                 if not err.transient:
                     raise
-                if not await self._healthy():
+                problem = await self._unavailable()
+                if problem is not None:
                     # Down, not failing: pause the whole worker, don't spend this prompt's budget.
-                    await self._wait_for_server()
+                    await self._wait_for_server(problem)
                     continue
                 attempts += 1
                 if attempts >= self.settings.max_attempts:
@@ -298,37 +341,47 @@ class GenerateWorker:
                 self.stats.retries += 1
                 await self.backoff.sleep(attempts)
 
-    async def _wait_for_server(self) -> None:
-        """Pause every request until the server is healthy again. One task probes the server;
-        everyone else only awaits the `_server_up` event it sets."""
-        if self._server_up.is_set():
+    async def _wait_for_server(self, reason: str = DOWN) -> None:
+        """Pause every request until the server is healthy again and accepts the API key. One
+        task probes the server; everyone else only awaits the `_server_up` event it sets."""
+        if self._prober is None or self._prober.done():
             self._server_up.clear()
-            self.stats.paused = True
+            self._pause_for(reason)
             self._down_since = time.monotonic()
-            log.warning("server %s is down; pausing until it is healthy", self.client.base_url)
             self._prober = asyncio.create_task(self._probe_until_healthy())
         await self._server_up.wait()
 
+    def _pause_for(self, reason: str) -> None:
+        """One line per pause and per change of its reason (down, then a refused key)."""
+        if self.stats.paused_for != reason:
+            log.warning("%s", pause_line(self.client.base_url, reason))
+        self.stats.paused = True
+        self.stats.paused_for = reason
+
     async def _probe_until_healthy(self) -> None:
         attempt = 0
-        while not await self._healthy():
+        while (problem := await self._unavailable()) is not None:
+            self._pause_for(problem)
             attempt += 1
             await self._probe_backoff.sleep(attempt)
         log.warning(
-            "server %s is healthy again; resuming after %.0f s down",
+            "server %s is healthy again%s; resuming after %.0f s %s",
             self.client.base_url,
+            " and accepts the API key" if self.stats.paused_for == AUTH else "",
             time.monotonic() - self._down_since,
+            "paused" if self.stats.paused_for == AUTH else "down",
         )
         self.stats.paused = False
+        self.stats.paused_for = ""
         self._server_up.set()
 
-    async def _healthy(self) -> bool:
+    async def _unavailable(self) -> str | None:
         try:
-            return await self.client.healthy()
+            return await self.client.unavailable()
         except asyncio.CancelledError:
             raise
         except Exception:  # a probe that fails is an answer: not healthy yet
-            return False
+            return DOWN
 
     def _dead_letter(
         self, kind: str, message: str, raw: bytes, prompt_id: str | None

@@ -43,7 +43,13 @@ class Figures:
 
 GENERATE_FIGURES = (
     Figure("in_flight", "draftgen_generate_in_flight", "requests in flight", "gauge"),
-    Figure("paused", "draftgen_generate_paused", "1 while the server is down", "gauge"),
+    Figure("paused", "draftgen_generate_paused", "1 while the worker is paused", "gauge"),
+    Figure(
+        "paused_auth",
+        "draftgen_generate_paused_auth",
+        "1 while paused because the server refuses the API key",
+        "gauge",
+    ),
     Figure("requests", "draftgen_generate_requests", "requests sent, retries included"),
     Figure("completed", "draftgen_generate_completed", "completions produced"),
     Figure("dead_letters", "draftgen_generate_dead_letters", "prompts dead-lettered"),

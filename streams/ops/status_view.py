@@ -46,6 +46,8 @@ class ServerRow:
     stale: bool  # no live worker, only recent stale heartbeats
     in_flight: int
     paused: bool
+    # why, when paused: "auth" (the server refuses the API key) or "down"
+    paused_for: str | None
     requests_per_s: float
     completed_per_s: float
     dead_letters_per_s: float
@@ -157,6 +159,7 @@ def server_rows(beats: Iterable[Heartbeat], now: float) -> list[ServerRow]:
                 stale=not live,
                 in_flight=int(_sum(live, "gauges", "in_flight")),
                 paused=any(b.gauges.get("paused") for b in live),
+                paused_for=_paused_for(live),
                 requests_per_s=requests_rate,
                 completed_per_s=_sum(live, "rates", "completed"),
                 dead_letters_per_s=_sum(live, "rates", "dead_letters"),
@@ -174,6 +177,12 @@ def server_rows(beats: Iterable[Heartbeat], now: float) -> list[ServerRow]:
             )
         )
     return rows
+
+
+def _paused_for(live: Sequence[Heartbeat]) -> str | None:
+    if any(b.gauges.get("paused_auth") for b in live):
+        return "auth"
+    return "down" if any(b.gauges.get("paused") for b in live) else None
 
 
 def tokenizer_rows(beats: Iterable[Heartbeat], now: float) -> list[TokenizerRow]:
@@ -368,7 +377,7 @@ def render_text(snapshot: StatusSnapshot) -> str:
                     rate(r.output_tokens_per_s),
                     percent(r.error_rate),
                     count(r.completed),
-                    "yes" if r.paused else "no",
+                    f"yes ({r.paused_for})" if r.paused else "no",
                     f"{r.last_seen_s:.0f}s ago",
                 ]
                 for r in s.servers

@@ -635,6 +635,33 @@ def test_health_generate_waits_for_startup(start_emulator: StartEmulator) -> Non
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("status", [401, 403])
+def test_an_api_key_is_required_everywhere_but_health(
+    start_emulator: StartEmulator, status: int
+) -> None:
+    async def scenario() -> None:
+        async with start_emulator("qwen36", api_key="sk-right", auth_status=status) as emu:
+            assert (await get(emu, "/health"))[0] == 200  # SGLang exempts /health*
+            assert (await get(emu, "/health_generate"))[0] == 200
+            assert await get(emu, "/v1/models") == (status, {"error": "Unauthorized"})
+            assert (await post(emu, "/generate", {"text": "hi"}))[0] == status
+            wrong = openai.AsyncOpenAI(
+                base_url=f"{emu.base_url}/v1", api_key="sk-wrong", max_retries=0
+            )
+            refused = openai.AuthenticationError if status == 401 else openai.PermissionDeniedError
+            with pytest.raises(refused):
+                await wrong.models.list()
+            emu.engine.settings.api_key = "sk-wrong"  # a running server's key, changed
+            assert [m.id for m in (await wrong.models.list()).data] == [emu.engine.settings.model]
+            response = await wrong.chat.completions.create(
+                model=emu.engine.settings.model, messages=user("hi")
+            )
+            assert response.choices[0].finish_reason == "stop"
+            await wrong.close()
+
+    asyncio.run(scenario())
+
+
 def test_bad_requests(start_emulator: StartEmulator) -> None:
     async def scenario() -> None:
         async with start_emulator("qwen36") as emu:
@@ -676,6 +703,8 @@ def test_cli_flags_fill_settings(tmp_path: Path) -> None:
             "--drift-rate", "0.06",
             "--seed", "3",
             "--script", str(tmp_path / "script.jsonl"),
+            "--api-key", "sk-emulated",
+            "--auth-status", "403",
         ]
     )  # fmt: skip
     settings = settings_from_args(args)
@@ -698,6 +727,8 @@ def test_cli_flags_fill_settings(tmp_path: Path) -> None:
     )
     assert rates == (0.01, 0.02, 0.03, 0.04, 0.05, 0.06)
     assert settings.seed == 3
+    assert (settings.api_key, settings.auth_status) == ("sk-emulated", 403)
+    assert EmulatorSettings(tokenizer_dir=tmp_path).api_key is None  # open, as SGLang's default
     with pytest.raises(ValueError):
         EmulatorSettings(tokenizer_dir=tmp_path, rate_503=2.0)
     with pytest.raises(ValueError):

@@ -152,9 +152,12 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Resu
     bootstrap = f"127.0.0.1:{unused_port()}"
     python_path = {"PYTHONPATH": str(ROOT)}
 
+    # made here, not in the threads: pytest's temp factory is not thread-safe
+    cwds = {name: tmp_path_factory.mktemp(name) for name in CASES}
+
     def run(name: str) -> Result:
         case = CASES[name]
-        cwd = tmp_path_factory.mktemp(name)  # relative outputs land here, if anywhere
+        cwd = cwds[name]  # relative outputs land here, if anywhere
         argv = [bootstrap if a == BOOTSTRAP else a for a in case.argv]
         return draftgen(argv, clean_env(**python_path, **case.env), cwd)
 

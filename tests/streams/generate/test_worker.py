@@ -1,5 +1,6 @@
 """The generate worker against small fakes (no Kafka, no server): ordered acks after delivery,
-bounded retries, dead letters, pauses while the server is down, Kafka outages, the ledger,
+bounded retries, dead letters, pauses while the server is down or refuses the API key, Kafka
+outages, the ledger,
 the stealer's loop.
 
 Every wait is on an observable condition with a deadline (tests/polling.py); backoffs are a
@@ -26,7 +27,7 @@ from streams.core.ledger import dead_key, ledger_key
 from streams.core.records import CompletionRecord, DeadLetter, PromptRecord
 from streams.core.settings import GenerateSettings, KafkaSettings, OnceSettings
 from streams.generate.app import generate_figures
-from streams.generate.client import GenerationError
+from streams.generate.client import AUTH, DOWN, GenerationError, status_error
 from streams.generate.exact_ids import NO_IDS, IdsWay
 from streams.generate.once import OnceGenerateWorker
 from streams.generate.steal import Stealer
@@ -82,6 +83,8 @@ class FakeClient:
         self.model = ""
         self.family = GENERIC
         self.up = True
+        # the status a refused API key gets (401 or 403); None: the key is accepted
+        self.refuse_key: int | None = None
         self.discover_failures = 0
         self.gates: dict[str, asyncio.Event] = {}  # a request waits for its gate
         self.failures: dict[str, list[Exception]] = {}  # raised one per attempt, in order
@@ -92,14 +95,21 @@ class FakeClient:
         self.closed = False
 
     async def discover(self) -> None:
+        self._check_key()
         if self.discover_failures:
             self.discover_failures -= 1
             raise ConnectionError("connection refused")
         self.model = "fake-model"
 
-    async def healthy(self) -> bool:
+    async def unavailable(self) -> str | None:
         self.probes += 1
-        return self.up
+        if not self.up:
+            return DOWN
+        return AUTH if self.refuse_key else None
+
+    def _check_key(self) -> None:
+        if self.refuse_key:
+            raise status_error(self.refuse_key, "Unauthorized")
 
     async def probe_ids(self) -> IdsWay:
         return NO_IDS
@@ -109,6 +119,7 @@ class FakeClient:
         self.requests.append(pid)
         if not self.up:
             raise GenerationError("connection_error", "refused", transient=True, server_down=True)
+        self._check_key()
         if pid in self.gates:
             await self.gates[pid].wait()
         if self.failures.get(pid):
@@ -328,6 +339,79 @@ def test_a_server_that_is_down_pauses_the_worker_without_burning_attempts() -> N
         await worker.stop()
 
     run(scenario)
+
+
+WRONG_KEY = "sk-wrong-5e1d9c"
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_a_refused_api_key_pauses_the_worker_in_one_line_without_dead_letters(
+    status: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        # one attempt: a refused key that counted as one would dead-letter every prompt
+        worker = worker_for(client, kafka, max_attempts=1, api_key=WRONG_KEY)
+        await worker.start()
+        client.refuse_key = status
+        for offset in range(4):
+            await worker.submit(kafka.event(offset, f"p{offset}"))
+
+        await until(lambda: worker.stats.paused, "the worker paused")
+        assert worker.stats.paused_for == AUTH
+        assert generate_figures(worker.stats, 0).gauges["paused_auth"] == 1
+        refused = list(client.requests)
+        probes = client.probes
+        await until(lambda: client.probes >= probes + 10, "the key retried while paused")
+        blocked = asyncio.create_task(worker.submit(kafka.event(4, "p4")))
+        await until(lambda: client.probes >= probes + 20, "more probes")
+        assert not blocked.done()  # no prompt taken while the key is refused
+        assert client.requests == refused == ["p0"]  # the others waited for the probe
+        assert kafka.sent == [] and kafka.acked() == [] and worker.stats.dead_letters == 0
+
+        client.refuse_key = None
+        await until(lambda: kafka.acked() == [0, 1, 2, 3, 4], "every prompt acked")
+        await blocked
+        assert kafka.sent_to(COMPLETIONS) == ["p0", "p1", "p2", "p3", "p4"]
+        assert kafka.letters() == [] and worker.stats.retries == 0
+        assert (worker.stats.paused, worker.stats.paused_for) == (False, "")
+        await worker.stop()
+
+    with caplog.at_level("INFO"):
+        run(scenario)
+    refused = [r for r in caplog.records if "refuses the API key" in r.getMessage()]
+    assert len(refused) == 1, caplog.text  # one line, whatever the requests and probes
+    assert "DRAFTGEN_API_KEY" in refused[0].getMessage()  # what to fix
+    assert "accepts the API key" in caplog.text  # and one when it works again
+    assert WRONG_KEY not in caplog.text
+
+
+def test_start_waits_for_a_refused_key_with_the_same_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        client.refuse_key = 401
+        worker = worker_for(client, kafka, api_key=WRONG_KEY)
+        worker.start_soon()
+        await until(lambda: worker.stats.paused_for == AUTH, "paused for the key at start")
+        probes = client.probes
+        await until(lambda: client.probes >= probes + 10, "the key retried")
+        assert not worker._ready.is_set() and client.model == ""
+
+        client.refuse_key = None
+        await until(lambda: worker._ready.is_set(), "started once the key works")
+        assert client.model == "fake-model" and not worker.stats.paused
+        await worker.submit(kafka.event(0, "p0"))
+        await until(lambda: kafka.acked() == [0], "a prompt done")
+        await worker.stop()
+
+    with caplog.at_level("INFO"):
+        run(scenario)
+    refused = [r for r in caplog.records if "refuses the API key" in r.getMessage()]
+    assert len(refused) == 1, caplog.text
+    assert "unreachable" not in caplog.text  # not a server that does not answer
+    assert WRONG_KEY not in caplog.text
 
 
 def test_a_failing_send_is_retried_until_kafka_takes_it_and_nothing_is_acked_before() -> None:

@@ -30,7 +30,7 @@ def test_generate_metrics_follow_the_stats_without_being_told() -> None:
     server = (("server", "http://gpu-01:30000"),)
 
     stats.in_flight, stats.completed, stats.output_tokens = 3, 7, 4200
-    stats.dead_letters, stats.retries, stats.paused = 1, 2, True
+    stats.dead_letters, stats.retries, stats.paused, stats.paused_for = 1, 2, True, "auth"
     stats.skipped, stats.stolen = 5, 6
     stats.errors.update({"http_503": 2, "context_too_long": 1})
     metrics.requests = 10
@@ -40,6 +40,7 @@ def test_generate_metrics_follow_the_stats_without_being_told() -> None:
 
     assert found[("draftgen_generate_in_flight", server)] == 3
     assert found[("draftgen_generate_paused", server)] == 1
+    assert found[("draftgen_generate_paused_auth", server)] == 1
     assert found[("draftgen_generate_requests_total", server)] == 10
     assert found[("draftgen_generate_completed_total", server)] == 7
     assert found[("draftgen_generate_dead_letters_total", server)] == 1

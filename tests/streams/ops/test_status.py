@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -174,6 +175,31 @@ def test_servers_sum_their_live_workers() -> None:
     assert first.metrics_urls == ["http://h1:9100/metrics"]
     assert rows[1].error_rate is None  # nothing sent recently
     assert finish_rate(rows) == 3 + 5 + 1
+
+
+def test_a_server_paused_for_its_api_key_says_so() -> None:
+    auth = {"in_flight": 8, "paused": 1, "paused_auth": 1}
+    rows = server_rows(
+        [
+            beat(label="http://a:1", gauges=auth),
+            beat(label="http://b:1", gauges={"paused": 1, "paused_auth": 0}),
+            beat(label="http://c:1", gauges={"paused": 0}),
+        ],
+        NOW,
+    )
+    assert [(r.paused, r.paused_for) for r in rows] == [
+        (True, "auth"),
+        (True, "down"),
+        (False, None),
+    ]
+    text = render_text(dataclasses.replace(snapshot(), servers=rows))
+    assert "yes (auth)" in text and "yes (down)" in text
+    assert (
+        to_json(dataclasses.replace(snapshot(), servers=rows))["servers"]["http://a:1"][
+            "paused_for"
+        ]
+        == "auth"
+    )
 
 
 def test_a_stale_worker_shows_its_last_counters_but_no_rates() -> None:
