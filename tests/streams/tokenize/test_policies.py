@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from streams.cli.flags import add_flags, build
@@ -170,6 +171,14 @@ def test_longest_run() -> None:
     assert longest_run([0, 0]) == 0
     assert longest_run([0, 1, 0, 1, 1, 1, 0, 1, 1]) == 3
     assert longest_run([1] * 5) == 5
+    rng = np.random.default_rng(0)
+    for _ in range(500):  # against the obvious loop
+        mask = (rng.random(int(rng.integers(0, 40))) < 0.6).astype(np.int8)
+        best = run = 0
+        for bit in mask:
+            run = run + 1 if bit else 0
+            best = max(best, run)
+        assert longest_run(mask) == best
 
 
 def parse(*argv: str) -> SamplePolicy:
