@@ -3,7 +3,7 @@
 An outage (the broker down, a leader moving) is waited out, never a reason to lose a record.
 A write that Kafka refuses for good (too large, an invalid record) is not retried: no retry
 would pass it, and retrying would stall the partition behind it. A dead letter is cut to the
-producers' size limit before it is sent (`DeadLetter.fitted`); if Kafka still refuses it (a
+producers' size limit before it is sent (`DeadLetter.encode_within`); if Kafka still refuses it (a
 topic created with a lower limit than ours) it goes once more without its payload (its size,
 SHA-256 and origin still say what it was), and if that too is refused it is logged and dropped:
 one bad record never stops the stage.
@@ -79,38 +79,24 @@ async def send_until_acked(
 def letter_output(kafka: KafkaSettings, topic: str, letter: DeadLetter) -> tuple[str, bytes, bytes]:
     """(topic, key, value) of a dead letter, cut to what the producers accept."""
     key = (letter.prompt_id or "").encode()
-    return topic, key, letter.fitted(kafka.value_budget(key)).encode()
+    return topic, key, letter.encode_within(kafka.value_budget(key))
 
 
-async def write_dead_letter(
-    send: Send,
-    kafka: KafkaSettings,
-    topic: str,
-    letter: DeadLetter,
-    backoff: Backoff,
-    log: logging.Logger,
-    outage: Outage | None = None,
-) -> bool:
-    """Write one dead letter (see the module's docstring); False if Kafka refused even its
-    payload-less form, which is logged."""
-    return await send_letter_output(send, letter_output(kafka, topic, letter), backoff, log, outage)
-
-
-async def send_letter_output(
+async def send_dead_letter(
     send: Send,
     output: tuple[str, bytes, bytes],
     backoff: Backoff,
     log: logging.Logger,
     outage: Outage | None = None,
 ) -> bool:
-    """Send a dead letter's (topic, key, value); if refused for good, once more without its
-    payload; False (logged) if that is refused too."""
+    """Send a dead letter's (topic, key, value) (`letter_output`); if refused for good, once
+    more without its payload; False (logged) if that is refused too."""
     topic, key, value = output
     refused = await send_until_acked(send, topic, key, value, backoff, log, outage)
     if refused is None:
         return True
-    bare = DeadLetter.decode(value).fitted(0)
-    refused = await send_until_acked(send, topic, key, bare.encode(), backoff, log, outage)
+    bare = DeadLetter.decode(value)
+    refused = await send_until_acked(send, topic, key, bare.encode_within(0), backoff, log, outage)
     if refused is None:
         log.warning("dead letter of %s sent without its payload", bare.prompt_id)
         return True

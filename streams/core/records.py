@@ -381,8 +381,8 @@ class DeadLetter(_Record):
 
     The payload is kept as text when it is valid UTF-8 (readable on the topic), else as base64
     (`payload_b64`): never an escaping that grows it several times. `payload_size` and
-    `payload_sha256` describe the whole original; `fitted` cuts a payload that would make the
-    letter larger than Kafka accepts (`payload_truncated`), and `origin` says where the whole
+    `payload_sha256` describe the whole original; `encode_within` cuts a payload that would make
+    the letter larger than Kafka accepts (`payload_truncated`), and `origin` says where the whole
     record still is (topic, partition, offset) while the topic retains it. Letters written
     before these fields have only `payload` (undecodable bytes as ``\\xNN`` text).
     """
@@ -449,12 +449,12 @@ class DeadLetter(_Record):
         except (binascii.Error, ValueError) as err:
             raise RecordError("bad_payload", f"payload_b64 is not base64: {err}") from None
 
-    def fitted(self, max_bytes: int) -> DeadLetter:
-        """This letter, or a copy whose payload is cut (as base64, whose size is exact) so
-        that the letter encodes within `max_bytes`; 0 leaves no payload."""
-        if max_bytes > 0 and len(self.encode()) <= max_bytes:
-            return self
+    def encode_within(self, max_bytes: int) -> bytes:
+        """The letter encoded in at most `max_bytes` (0: without its payload), its payload
+        cut as needed (as base64, whose size is exact; the letter itself is not changed)."""
+        if max_bytes > 0 and len(whole := self.encode()) <= max_bytes:
+            return whole
         cut = replace(self, payload="", payload_b64="", payload_truncated=True)
         room = max(max_bytes - len(cut.encode()), 0)
         kept = self.payload_bytes()[: room // 4 * 3]
-        return replace(cut, payload_b64=base64.b64encode(kept).decode("ascii"))
+        return replace(cut, payload_b64=base64.b64encode(kept).decode("ascii")).encode()

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from streams.core.crash_guard import CRASH_LOOP, CrashGuard
-from streams.core.delivery import Send, letter_output, send_letter_output, send_until_acked
+from streams.core.delivery import Send, letter_output, send_dead_letter, send_until_acked
 from streams.core.faust_app import Event
 from streams.core.normalize import validate_prompt_messages
 from streams.core.records import CompletionRecord, DeadLetter, PromptRecord, RecordError
@@ -427,4 +427,4 @@ class GenerateWorker:
         return await send_until_acked(self.send, topic, key, value, self.backoff, log, self.broker)
 
     async def _send_letter(self, letter: tuple[str, bytes, bytes]) -> bool:
-        return await send_letter_output(self.send, letter, self.backoff, log, self.broker)
+        return await send_dead_letter(self.send, letter, self.backoff, log, self.broker)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from sinks.shards import SampleRow, ShardMarker, ShardStore
 from sinks.sink import STORAGE_BACKOFF, Admitted, Prepared, ShardSink
 from streams.core.crash_guard import CRASH_LOOP, CrashGuard
-from streams.core.delivery import Send, write_dead_letter
+from streams.core.delivery import Send, letter_output, send_dead_letter
 from streams.core.faults import AFTER_DEAD_LETTERS, AFTER_MARKER, CrashPoint
 from streams.core.faust_app import Event
 from streams.core.records import CompletionRecord, DeadLetter, RecordError, origin_of
@@ -138,8 +138,8 @@ class TokenizeWorker:
                 self.stats.rejected[result.kind] = self.stats.rejected.get(result.kind, 0) + 1
         # Dead letters first: once the marker exists the window's offsets may be committed.
         for letter in letters:
-            kafka, topic = self.settings.kafka, self.dead_letters_topic
-            await write_dead_letter(self.send, kafka, topic, letter, self.backoff, log)
+            output = letter_output(self.settings.kafka, self.dead_letters_topic, letter)
+            await send_dead_letter(self.send, output, self.backoff, log)
         if letters:
             self._crash_after_dead_letters.hit()
         drops = {letter.prompt_id: letter.kind for letter in letters if letter.prompt_id}

@@ -10,7 +10,12 @@ import pytest
 from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError
 from faust.exceptions import ProducerSendError
 
-from streams.core.delivery import refused_for_good, send_until_acked, write_dead_letter
+from streams.core.delivery import (
+    letter_output,
+    refused_for_good,
+    send_dead_letter,
+    send_until_acked,
+)
 from streams.core.records import DeadLetter
 from streams.core.retry import Backoff
 from streams.core.settings import KafkaSettings
@@ -72,9 +77,13 @@ def _huge_letter() -> DeadLetter:
     return DeadLetter.for_payload("tokenize", "invalid_utf8", "bad bytes", raw, "p1", "c-0@9")
 
 
+def _output() -> tuple[str, bytes, bytes]:
+    return letter_output(KAFKA, "dl", _huge_letter())
+
+
 def test_a_dead_letter_over_the_limit_is_cut_to_fit_the_producer() -> None:
     kafka = FakeKafka()
-    assert asyncio.run(write_dead_letter(kafka.send, KAFKA, "dl", _huge_letter(), FAST, log))
+    assert asyncio.run(send_dead_letter(kafka.send, _output(), FAST, log))
     [(topic, key, value)] = kafka.stored
     assert topic == "dl"
     assert KAFKA.too_large(key, value) is None
@@ -89,9 +98,9 @@ def test_a_letter_refused_by_its_topic_goes_bare_once_then_is_dropped(
     limit: int, written: bool
 ) -> None:
     kafka = FakeKafka(limit=limit)  # a dead-letters topic created with a lower limit than ours
-    ok = asyncio.run(write_dead_letter(kafka.send, KAFKA, "dl", _huge_letter(), FAST, log))
+    ok = asyncio.run(send_dead_letter(kafka.send, _output(), FAST, log))
     assert ok is written
-    assert len(kafka.attempts) == 2  # the fitted letter, then the bare one: no retry loop
+    assert len(kafka.attempts) == 2  # the cut letter, then the bare one: no retry loop
     if written:
         [(_, _, value)] = kafka.stored
         bare = DeadLetter.decode(value)

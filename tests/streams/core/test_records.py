@@ -109,28 +109,26 @@ def test_an_old_dead_letter_is_still_read() -> None:
     ids=["invalid_utf8", "control_chars", "multibyte", "json"],
 )
 @pytest.mark.parametrize("limit", [4_000, 20_000, 10**6])
-def test_a_fitted_dead_letter_is_within_the_limit_and_says_what_it_cut(
-    raw: bytes, limit: int
-) -> None:
+def test_a_dead_letter_encoded_within_a_limit_says_what_it_cut(raw: bytes, limit: int) -> None:
     letter = DeadLetter.for_payload("tokenize", "invalid_utf8", "m" * 5000, raw, "p" * 5000)
-    fitted = letter.fitted(limit)
-    encoded = fitted.encode()
+    encoded = letter.encode_within(limit)
     assert len(encoded) <= limit
-    assert len(fitted.prompt_id or "") == MAX_LETTER_PROMPT_ID
     decoded = DeadLetter.decode(encoded)
+    assert len(decoded.prompt_id or "") == MAX_LETTER_PROMPT_ID
     assert decoded.payload_size == len(raw)
     assert decoded.payload_sha256 == hashlib.sha256(raw).hexdigest()
     kept = decoded.payload_bytes()
     assert raw.startswith(kept)
     assert decoded.payload_truncated == (len(kept) < len(raw))
     if limit == 10**6 and raw[:1] != b"\x00":  # room for all of it (NUL escapes 6x)
-        assert kept == raw and fitted is letter
+        assert kept == raw and encoded == letter.encode()
     if limit == 20_000:
         assert len(kept) > 10_000  # cut to the room left, not dropped
 
 
-def test_a_letter_fitted_to_nothing_keeps_its_reason_size_and_hash() -> None:
-    bare = DeadLetter.for_payload("generate", "k", "why", b"x" * 100, "p1", "prompts-3@7").fitted(0)
+def test_a_letter_encoded_within_nothing_keeps_its_reason_size_and_hash() -> None:
+    letter = DeadLetter.for_payload("generate", "k", "why", b"x" * 100, "p1", "prompts-3@7")
+    bare = DeadLetter.decode(letter.encode_within(0))
     assert (bare.kind, bare.message, bare.origin) == ("k", "why", "prompts-3@7")
     assert (bare.payload_bytes(), bare.payload_size, bare.payload_truncated) == (b"", 100, True)
 
