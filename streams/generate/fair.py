@@ -123,7 +123,10 @@ class FairTurns:
         consumer = self._consumer()
         for tp in self._assigned - self.held:
             if tp not in self._next:
-                self._idle[tp] = consumer.highwater(tp) or 0
+                try:
+                    self._idle[tp] = consumer.highwater(tp) or 0
+                except AssertionError:  # revoked since the last event: the next one tells
+                    continue
         self._next_round(consumer)
 
     async def run(self) -> None:

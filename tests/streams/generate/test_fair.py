@@ -43,6 +43,7 @@ class Fetcher:
         return self.assigned
 
     def highwater(self, tp: Any) -> int | None:
+        assert tp in self.assigned, "Partition is not assigned"  # as aiokafka's consumer
         return self.ends[tp]
 
     def on_buffer_full(self, tp: Any) -> None:
@@ -157,3 +158,17 @@ def test_a_rebalance_forgets_what_it_knew_of_the_partitions() -> None:
     turns.took(MessageTP("prompts", 1), 0)
     # partition 0 is gone; partition 1, the only one, starts the next round at once
     assert turns.held == set() and fetcher.active == {second}
+
+
+def test_a_partition_revoked_between_events_does_not_stop_the_idle_check() -> None:
+    """A rebalance with no event since: the idle check must not ask for the highwater of a
+    partition no longer assigned (aiokafka asserts; it crashed the worker)."""
+    clock = Clock()
+    fetcher = Fetcher({0: 10, 1: 0})
+    turns = turns_for(fetcher, clock)
+    turns.took(MessageTP("prompts", 0), 0)
+    assert turns.held == {TP("prompts", 0)}
+    fetcher.assigned = {TP("prompts", 0)}  # partition 1 revoked
+    clock.now += turns.grace_s + 0.1
+    turns.idle_check()
+    assert turns.held == set() and turns.rounds == 1
