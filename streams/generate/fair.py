@@ -110,7 +110,8 @@ class FairTurns:
     def _next_round(self, consumer: Partitions) -> None:
         self.rounds += 1
         held, self.held = self.held, set()
-        for tp in held:
+        # only what is still assigned: faust would make a revoked partition active again
+        for tp in held & set(consumer.assignment()):
             consumer.on_buffer_drop(tp)
 
     def idle_check(self) -> None:

@@ -160,15 +160,18 @@ def test_a_rebalance_forgets_what_it_knew_of_the_partitions() -> None:
     assert turns.held == set() and fetcher.active == {second}
 
 
-def test_a_partition_revoked_between_events_does_not_stop_the_idle_check() -> None:
+def test_partitions_revoked_between_events_neither_stop_the_idle_check_nor_come_back() -> None:
     """A rebalance with no event since: the idle check must not ask for the highwater of a
-    partition no longer assigned (aiokafka asserts; it crashed the worker)."""
+    partition no longer assigned (aiokafka asserts; it crashed a worker), nor release a
+    revoked one (faust would make it active again)."""
     clock = Clock()
-    fetcher = Fetcher({0: 10, 1: 0})
+    fetcher = Fetcher({0: 10, 1: 0, 2: 0})
     turns = turns_for(fetcher, clock)
     turns.took(MessageTP("prompts", 0), 0)
     assert turns.held == {TP("prompts", 0)}
-    fetcher.assigned = {TP("prompts", 0)}  # partition 1 revoked
+    fetcher.assigned = {TP("prompts", 2)}  # 0 and 1 revoked
+    fetcher.active = {TP("prompts", 2)}
     clock.now += turns.grace_s + 0.1
     turns.idle_check()
     assert turns.held == set() and turns.rounds == 1
+    assert fetcher.active == {TP("prompts", 2)}
