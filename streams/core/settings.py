@@ -532,6 +532,14 @@ class TokenizeSettings(Settings):
         flag="--no-drift",
         help="do not compare server ids with the rendering (saves a render + encode per sample)",
     )
+    # auto: a tiktoken twin of the tokenizer when it encodes exactly as the tokenizer, checked
+    # as it runs (streams/tokenize/encoder.py); tokenizer: always the tokenizer's own encoder
+    encoder: Literal["auto", "tokenizer"] = setting(
+        "auto",
+        flag="--encoder",
+        help="auto: tiktoken's faster BPE when it matches the tokenizer exactly; "
+        "tokenizer: the tokenizer's own",
+    )
     policy: SamplePolicy = setting(default_factory=lambda: SamplePolicy())
 
     @property

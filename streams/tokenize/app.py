@@ -92,6 +92,7 @@ def build_tokenize_app(
             prefer=settings.token_source,
             measure_drift=settings.measure_drift,
             policy=settings.policy,
+            encoder=settings.encoder,
         ),
         store,
         kafka_sender(app),

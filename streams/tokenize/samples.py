@@ -30,17 +30,17 @@ bad_token_ids, token_out_of_range, too_few_loss_tokens, encode_error.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 import numpy as np
 import numpy.typing as npt
-import tiktoken
 
 from streams.core.families import FamilyProfile
 from streams.core.records import CompletionRecord, Message, equal_fields
 from streams.core.templates import template_tools
+from streams.tokenize.encoder import EncoderChoice, TextEncoder
 
 TokenSource = Literal["server", "rendered"]
 TOKEN_SOURCES: tuple[TokenSource, ...] = ("server", "rendered")
@@ -138,6 +138,7 @@ class SampleBuilder:
         measure_drift: bool = True,
         template_kwargs: Mapping[str, Any] | None = None,
         min_loss_tokens: int = 1,
+        encoder: EncoderChoice = "auto",
     ) -> None:
         if prefer not in TOKEN_SOURCES:
             raise ValueError(f"prefer must be one of {TOKEN_SOURCES}, not {prefer!r}")
@@ -150,6 +151,7 @@ class SampleBuilder:
         self._default_kwargs = profile.template_kwargs(thinking=True)
         self._explicit_kwargs = dict(template_kwargs or {})
         self._vocab_size = len(tokenizer)
+        self.encoder = TextEncoder(tokenizer, encoder)
 
     # -- public ---------------------------------------------------------------------------
 
@@ -176,7 +178,9 @@ class SampleBuilder:
                 except SampleError as err:
                     rendered[i] = err
 
-        encoded = self._encode(rendered)
+        encoded = self._encode(rendered, self.encoder.encode_batch)
+        if self.encoder.twin:
+            self._confirm_drift(servers, rendered, encoded)
         for i, server in servers.items():
             results[i] = self._assemble(server, encoded.get(i))
         return cast(list[Sample | SampleError], results)
@@ -262,7 +266,9 @@ class SampleBuilder:
     # -- tokens ---------------------------------------------------------------------------
 
     def _encode(
-        self, rendered: dict[int, RenderedText | SampleError]
+        self,
+        rendered: Mapping[int, RenderedText | SampleError],
+        encode_batch: Callable[[Sequence[str]], list[list[int]]],
     ) -> dict[int, tuple[Ids, int] | SampleError]:
         """(ids, prompt length) per rendered completion, from one batch encode: the prompt and
         the turn encoded separately, as the server encodes the prompt and the model samples."""
@@ -272,7 +278,7 @@ class SampleBuilder:
             if isinstance(item, RenderedText)
         }
         try:
-            batch: list[list[int]] | None = self._encode_texts(
+            batch: list[list[int]] | None = encode_batch(
                 [text for texts in pieces.values() for text in texts]
             )
         except (KeyboardInterrupt, SystemExit):
@@ -290,7 +296,7 @@ class SampleBuilder:
                 position += 2
             else:
                 try:
-                    prompt_ids, turn_ids = self._encode_texts(pieces[i])
+                    prompt_ids, turn_ids = encode_batch(pieces[i])
                 except (KeyboardInterrupt, SystemExit):
                     raise
                 except BaseException as err:
@@ -300,20 +306,36 @@ class SampleBuilder:
             out[i] = (ids, len(prompt_ids))
         return out
 
-    def _encode_texts(self, texts: list[str]) -> list[list[int]]:
-        if not texts:
-            return []
-        backend = getattr(self.tokenizer, "backend_tokenizer", None)
-        if backend is not None:
-            # The Rust batch encoder, parallel across texts; the `_fast` variant skips offsets.
-            encode_batch = getattr(backend, "encode_batch_fast", None) or backend.encode_batch
-            return [e.ids for e in encode_batch(texts, add_special_tokens=False)]
-        model = getattr(self.tokenizer, "model", None)
-        if isinstance(model, tiktoken.Encoding):
-            # Kimi-style remote code: what its `encode(text)` does (and so the server), batched
-            # on tiktoken's threads instead of the slow tokenizer's Python path.
-            return model.encode_batch(texts, allowed_special="all")
-        return [self.tokenizer.encode(text, add_special_tokens=False) for text in texts]
+    def _confirm_drift(
+        self,
+        servers: Mapping[int, tuple[Ids, Ids] | None],
+        rendered: Mapping[int, RenderedText | SampleError],
+        encoded: dict[int, tuple[Ids, int] | SampleError],
+    ) -> None:
+        """The twin encoder's ids differ from the server's: the tokenizer's own ids replace
+        them, so that a drift is the tokenizer's, never the twin's (encoder.py)."""
+        suspects = {}
+        for i, ids in encoded.items():
+            server = servers.get(i)
+            if server is not None and isinstance(ids, tuple):
+                prompt, output = server
+                same = len(ids[0]) == len(prompt) + len(output) and np.array_equal(
+                    ids[0], np.concatenate(server)
+                )
+                if not same:
+                    suspects[i] = rendered[i]
+        if not suspects:
+            return
+        for i, confirmed in self._encode(suspects, self.encoder.reference).items():
+            ours = encoded[i]
+            if not (
+                isinstance(confirmed, tuple)
+                and isinstance(ours, tuple)
+                and confirmed[1] == ours[1]
+                and np.array_equal(confirmed[0], ours[0])
+            ):
+                self.encoder.disable("a sample whose ids differ from the server's")
+            encoded[i] = confirmed
 
     def _assemble(
         self, server: tuple[Ids, Ids] | None, rendered: tuple[Ids, int] | SampleError | None

@@ -11,10 +11,14 @@ is its own), alternating, `--repeats` times; medians with the spread (min–max)
 
 - `encode_batch_fast`: the rendered prompt and turn texts of every completion, encoded by the
   tokenizer's Rust batch encoder in batches of one window's completions, ids taken out as lists;
+- `twin encode_batch`: the same batches through the stage's default encoder, the tiktoken twin
+  of the tokenizer (streams/tokenize/encoder.py), ids taken out as lists;
 - `stage rendered` / `stage server+drift` / `stage server`: the tokenize stage as a worker runs
   it (`TokenizeWorker` and its `ShardSink` writing Arrow shards and markers to a local
   directory), fed the encoded records as events of `--partitions` partitions; Kafka is not in
   the measurement (`bench_replay.py` measures replay through a broker);
+- `stage rendered, own`: the stage rendering with the tokenizer's own encoder
+  (`--encoder tokenizer`);
 - `decode + Arrow`: decoding the records and writing their server ids as shards, nothing else.
 
 Tokens/s counts the samples' tokens (prompt + turn). CPU-ms is the process's user+system time
@@ -46,9 +50,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 MODES = (
     "encode_batch_fast",
+    "twin encode_batch",
     "stage rendered",
     "stage server+drift",
     "stage server",
+    "stage rendered, own",
     "decode + Arrow",
 )
 WINDOW = 250  # completions per shard (and per encode_batch_fast call: their prompts and turns)
@@ -88,7 +94,12 @@ def make_data(tokenizer_dir: Path, count: int, seed: int = 0) -> tuple[list[byte
 
     loaded = load_tokenizer(tokenizer_dir)
     builder = SampleBuilder(
-        loaded.tokenizer, loaded.profile, prefer="rendered", measure_drift=False
+        # the server's ids are the tokenizer's own: the drift mode then checks the twin too
+        loaded.tokenizer,
+        loaded.profile,
+        prefer="rendered",
+        measure_drift=False,
+        encoder="tokenizer",
     )
     corpus = _corpus()
     rng = random.Random(seed)
@@ -158,7 +169,7 @@ async def _run_stage(mode: str, records: list[bytes], tokenizer_dir: Path, args:
 
     loaded = load_tokenizer(tokenizer_dir)
     _warm(loaded.tokenizer)
-    source = "rendered" if mode == "stage rendered" else "server"
+    source = "rendered" if mode.startswith("stage rendered") else "server"
     with tempfile.TemporaryDirectory(prefix="bench-tokenize-") as out:
         settings = TokenizeSettings(
             tokenizer_dir=str(tokenizer_dir),
@@ -175,7 +186,10 @@ async def _run_stage(mode: str, records: list[bytes], tokenizer_dir: Path, args:
             prefer=source,
             measure_drift=settings.measure_drift,
             policy=settings.policy,
+            encoder="tokenizer" if mode.endswith(", own") else "auto",
         )
+        if mode != "stage server":  # the encoder's one-time set-up (the twin's build and check)
+            builder.encoder.encode_batch(["warm up <|im_start|> the encoder"])
         now = [0.0]
 
         async def send(topic: str, key: bytes, value: bytes) -> None:
@@ -240,6 +254,20 @@ def _run_encode(texts: list[str], tokenizer_dir: Path, window: int) -> Timed:
     return timer.done(tokens)
 
 
+def _run_twin(texts: list[str], tokenizer_dir: Path, window: int) -> Timed:
+    from streams.core.tokenizers import load_tokenizer
+    from streams.tokenize.encoder import TextEncoder
+
+    encoder = TextEncoder(load_tokenizer(tokenizer_dir).tokenizer)
+    encoder.encode_batch(["warm up <|im_start|> the encoder"])  # builds and checks the twin
+    assert encoder.twin, "the tokenizer has no tiktoken twin"
+    timer = Timer()
+    tokens = 0
+    for start in range(0, len(texts), 2 * window):
+        tokens += sum(map(len, encoder.encode_batch(texts[start : start + 2 * window])))
+    return timer.done(tokens)
+
+
 def _run_decode_arrow(records: list[bytes], window: int) -> Timed:
     from sinks.shards import SampleRow, rows_to_table, table_to_ipc_stream
     from streams.core.records import CompletionRecord
@@ -267,6 +295,8 @@ def child(args: Any) -> None:
     tokenizer_dir = Path(data["tokenizer"])
     if args.child == "encode_batch_fast":
         run = lambda: _run_encode(data["texts"], tokenizer_dir, args.window)  # noqa: E731
+    elif args.child == "twin encode_batch":
+        run = lambda: _run_twin(data["texts"], tokenizer_dir, args.window)  # noqa: E731
     elif args.child == "decode + Arrow":
         run = lambda: _run_decode_arrow(records, args.window)  # noqa: E731
     else:
