@@ -3,6 +3,7 @@ its shard sink."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -105,6 +106,11 @@ def build_tokenize_app(
 
     @app.agent(raw_topic(app, kafka.topic(COMPLETIONS)), name="tokenize")
     async def tokenize(stream: Any) -> None:
+        if settings.measure_drift or settings.token_source == "rendered":
+            # the agent starts before the group is joined: build the encoder's tiktoken twin
+            # and check it against the tokenizer meanwhile (~3 s for Qwen's vocabulary)
+            # (idempotent; the first batch waits for it if it is not done)
+            asyncio.get_running_loop().run_in_executor(None, worker.builder.encoder.prepare)
         # Acks are ours: a window's events are acked after its shard and marker are written.
         await consume(stream, guard, worker.sink.add)
 

@@ -17,16 +17,17 @@ warning. `--encoder tokenizer` never builds the twin.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import re
+import threading
 import unicodedata
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from typing import Any, Literal
 
+import orjson
 import tiktoken
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class TextEncoder:
         self.tokenizer = tokenizer
         # found on first use: a stage that never encodes (server ids, no drift) pays nothing
         self._undecided = choice == "auto"
+        self._deciding = threading.Lock()
         self._twin: BpeTwin | None = None
         self._batches = 0
 
@@ -66,12 +68,17 @@ class TextEncoder:
         """The tiktoken twin encodes (else the tokenizer itself)."""
         return self._twin is not None
 
+    def prepare(self) -> None:
+        """Build and check the twin now, not at the first batch (idempotent, thread-safe)."""
+        with self._deciding:
+            if self._undecided:
+                self._twin = _twin_of(self.tokenizer)
+                self._undecided = False
+
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         if not texts:
             return []
-        if self._undecided:
-            self._undecided = False
-            self._twin = _twin_of(self.tokenizer)
+        self.prepare()
         twin = self._twin
         if twin is None:
             return self.reference(texts)
@@ -171,7 +178,10 @@ def _twin_of(tokenizer: Any) -> BpeTwin | None:
     spec = backend.to_str()
     digest = hashlib.sha256(spec.encode()).hexdigest()
     if digest not in _TWINS:
-        _TWINS[digest] = _checked_twin(json.loads(spec), TextEncoder(tokenizer, "tokenizer"))
+        try:
+            _TWINS[digest] = _checked_twin(orjson.loads(spec), TextEncoder(tokenizer, "tokenizer"))
+        except Exception as err:  # a tokenizer.json we did not foresee: the tokenizer encodes
+            _TWINS[digest] = f"no tiktoken twin ({type(err).__name__}: {err})"
     twin = _TWINS[digest]
     if isinstance(twin, str):
         log.info("encoding with the tokenizer itself: %s", twin)

@@ -22,7 +22,9 @@ the model never sees.
 When a completion has the server's ids, the rendered ids are also computed (if
 ``measure_drift``) and compared with ``prompt_token_ids + output_token_ids``, so that
 template or tokenizer drift is visible; a drifted sample carries its cause (`DriftCause`: the
-prompt or the turn, and the first differing token decoded on both sides). Error kinds:
+prompt or the turn, and the first differing token decoded on both sides). Texts are encoded
+by `encoder.TextEncoder`: a checked tiktoken twin of the tokenizer where it has one, whose ids
+the tokenizer's own replace wherever they differ from the server's. Error kinds:
 template_error, prefix_mismatch, bad_tool_arguments, bad_tool_call, bad_message,
 bad_token_ids, token_out_of_range, too_few_loss_tokens, encode_error.
 """

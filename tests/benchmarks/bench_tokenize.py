@@ -208,6 +208,8 @@ async def _run_stage(mode: str, records: list[bytes], tokenizer_dir: Path, args:
         timed = timer.done(worker.stats.tokens)
         assert worker.stats.samples == len(records), worker.stats
         assert worker.stats.drifted == 0, worker.stats
+        # the twin agreed with the tokenizer's ids on every sample it encoded (encoder.py)
+        assert builder.encoder.twin or mode in ("stage server", "stage rendered, own")
         return timed
 
 

@@ -201,3 +201,19 @@ def test_an_exact_twin_stays_on_through_a_real_drift(
     sample = builder.build(replace(completion, prompt_token_ids=[1, 2], output_token_ids=[3]))
     assert sample.drift is True
     assert builder.encoder.twin
+
+
+def test_a_twin_that_fails_to_build_leaves_the_tokenizer(
+    qwen_tiny: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(spec: dict[str, Any]) -> BpeTwin:
+        raise KeyError("model")
+
+    monkeypatch.setattr(encoder_module, "_TWINS", {})  # not the twin built by other tests
+    monkeypatch.setattr(encoder_module, "build_twin", broken)
+    encoder = TextEncoder(qwen_tiny)
+    with caplog.at_level(logging.INFO, logger=encoder_module.__name__):
+        encoder.prepare()
+        assert encoder.encode_batch(["hi"]) == encoder.reference(["hi"])
+    assert not encoder.twin
+    assert "no tiktoken twin (KeyError: 'model')" in caplog.text
