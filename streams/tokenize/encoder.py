@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import threading
+import time
 import unicodedata
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +34,8 @@ import tiktoken
 log = logging.getLogger(__name__)
 
 EncoderChoice = Literal["auto", "tokenizer"]
+# logged once a worker's twin is ready (benchmarks wait for it)
+TWIN_READY = "encoding with a tiktoken twin of the tokenizer"
 # vocabulary tokens per text in the twin's check (joined by an added token, which splits them)
 CHECK_CHUNK = 2000
 # texts a twin must encode exactly as the tokenizer: added tokens against text on both sides,
@@ -178,14 +181,19 @@ def _twin_of(tokenizer: Any) -> BpeTwin | None:
     spec = backend.to_str()
     digest = hashlib.sha256(spec.encode()).hexdigest()
     if digest not in _TWINS:
+        started = time.monotonic()
         try:
             _TWINS[digest] = _checked_twin(orjson.loads(spec), TextEncoder(tokenizer, "tokenizer"))
         except Exception as err:  # a tokenizer.json we did not foresee: the tokenizer encodes
             _TWINS[digest] = f"no tiktoken twin ({type(err).__name__}: {err})"
+        took = time.monotonic() - started
+    else:
+        took = 0.0
     twin = _TWINS[digest]
     if isinstance(twin, str):
         log.info("encoding with the tokenizer itself: %s", twin)
         return None
+    log.info("%s (built and checked in %.1f s)", TWIN_READY, took)
     return twin
 
 

@@ -45,8 +45,10 @@ from sinks.shards import ShardStore
 from streams.core.settings import COMPLETIONS, KafkaSettings
 from streams.core.topics import ensure_topics
 from streams.ops.seal import seal
+from streams.tokenize.encoder import TWIN_READY
 from tests.benchmarks.bench_tokenize import Measure, make_data, measure, write_data
 from tests.benchmarks.proc import cpu_s, peak_rss_mib
+from tests.integration.probes import stable_members
 from tests.polling import wait_for
 
 PARTITIONS = 16
@@ -117,6 +119,56 @@ def run_one(
     )
 
 
+def run_warm(
+    stack: LocalStack,
+    kafka: KafkaSettings,
+    tokenizer: Path,
+    out: Path,
+    workers: int,
+    run: str,
+    records: list[bytes],
+) -> Result:
+    """Workers started on empty topics of their own, joined and with their encoder ready; then
+    the completions are produced. Timed from the first send to the version caught up; CPU is
+    the workers' over that time."""
+    kafka = kafka.model_copy(update={"topic_prefix": f"{kafka.topic_prefix}w{workers}r{run}-"})
+    asyncio.run(ensure_topics(kafka))
+    dataset = f"warm-{workers}-{run}"
+    store = ShardStore(str(out), dataset)
+    argv = ["replay", "--tokenizer", str(tokenizer), "--out", str(out), "--dataset", dataset]
+    argv += ["--bootstrap", kafka.bootstrap, "--topic-prefix", kafka.topic_prefix]
+    argv += ["--partitions", str(PARTITIONS), "--idle-flush", "2", "--heartbeat-interval", "0"]
+    argv += ["--log-level", "INFO"]  # the encoder's ready line
+    procs = [stack.start_worker(f"{dataset}-{i}", argv) for i in range(workers)]
+    try:
+        group = f"draftgen-tokenize-{dataset}"
+        wait_for(lambda: _ready(procs, kafka, group), 300, "the workers joined, encoders ready")
+        pids = [p.pid for p in procs if p.pid is not None]
+        cpu0 = sum(cpu_s(pid) for pid in pids)
+        started = time.monotonic()
+        asyncio.run(_produce(kafka, records))
+        produced = time.monotonic()
+        manifest = asyncio.run(seal(kafka, store, timeout_s=3600, on_lag=lambda lag: None))
+        ended = time.monotonic()
+        cpu = sum(cpu_s(pid) for pid in pids) - cpu0
+        rss = max(peak_rss_mib(pid) for pid in pids)
+    finally:
+        for proc in procs:
+            proc.stop()
+    return Result(
+        workers, ended - started, produced - started, manifest.samples, manifest.tokens, cpu, rss
+    )
+
+
+def _ready(procs: list[ManagedProcess], kafka: KafkaSettings, group: str) -> bool:
+    for proc in procs:
+        if not proc.alive():
+            raise RuntimeError(f"a worker exited; see {proc.log_path}")
+    if not all(TWIN_READY in p.log_path.read_text(errors="replace") for p in procs):
+        return False
+    return asyncio.run(stable_members(kafka, group)) >= len(procs)
+
+
 def main(argv: list[str] | None = None) -> dict[int, list[Result]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--completions", type=int, default=6000)
@@ -128,6 +180,7 @@ def main(argv: list[str] | None = None) -> dict[int, list[Result]]:
         args.completions, args.workers, args.repeats = 60, "1,2", 1
     counts = [int(n) for n in args.workers.split(",")]
     results: dict[int, list[Result]] = {n: [] for n in counts}
+    warm: dict[int, list[Result]] = {n: [] for n in counts}
     with tempfile.TemporaryDirectory(prefix="bench-replay-") as tmp:
         root = Path(tmp)
         with LocalStack(root / "stack") as stack:
@@ -146,8 +199,37 @@ def main(argv: list[str] | None = None) -> dict[int, list[Result]]:
                 baseline.append(measure("encode_batch_fast", data, len(records)))
                 for n in counts:
                     results[n].append(run_one(stack, kafka, tokenizer, root / "out", n, str(run)))
+                for n in counts:
+                    warm[n].append(
+                        run_warm(stack, kafka, tokenizer, root / "out", n, str(run), records)
+                    )
     report(results, baseline, args)
+    report_warm(warm, args)
     return results
+
+
+def report_warm(warm: dict[int, list[Result]], args: argparse.Namespace) -> None:
+    median = statistics.median
+    base = median([r.tokens_per_s for r in warm[min(warm)]])
+    print(
+        f"warm workers (joined, encoders ready, then the {args.completions} completions "
+        "produced): from the first send to the version caught up"
+    )
+    print(
+        "workers  s (min–max)          tokens/s   ratio  producing s  CPU µs/token  "
+        "1.87B here  1.87B on 16 cores"
+    )
+    for n, runs in warm.items():
+        seconds = [r.seconds for r in runs]
+        rate = median([r.tokens_per_s for r in runs])
+        cpu_per_token = median([r.cpu_us_per_token for r in runs]) / 1e6
+        spread = f"{median(seconds):.1f} ({min(seconds):.1f}–{max(seconds):.1f})"
+        print(
+            f"{n:>7}  {spread:<18} {rate:>10,.0f}  {rate / base:5.2f}  "
+            f"{median([r.steady_s for r in runs]):11.1f}  {cpu_per_token * 1e6:12.2f}  "
+            f"{KIMI_RUN_TOKENS / rate / 3600:8.2f} h  "
+            f"{KIMI_RUN_TOKENS * cpu_per_token / CORES_16 / 3600:15.2f} h"
+        )
 
 
 def report(

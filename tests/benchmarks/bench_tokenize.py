@@ -42,7 +42,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -169,7 +169,9 @@ async def _run_stage(mode: str, records: list[bytes], tokenizer_dir: Path, args:
 
     loaded = load_tokenizer(tokenizer_dir)
     _warm(loaded.tokenizer)
-    source = "rendered" if mode.startswith("stage rendered") else "server"
+    source: Literal["server", "rendered"] = (
+        "rendered" if mode.startswith("stage rendered") else "server"
+    )
     with tempfile.TemporaryDirectory(prefix="bench-tokenize-") as out:
         settings = TokenizeSettings(
             tokenizer_dir=str(tokenizer_dir),
