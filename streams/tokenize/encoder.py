@@ -1,10 +1,13 @@
 """Texts → token ids for the tokenize stage: the tokenizer's own batch encoder, or a tiktoken
-twin of it, about twice as fast on the same texts (BENCHMARKS.md).
+twin of it, ~2.6× as fast on the same texts here (BENCHMARKS.md).
 
 Hugging Face's byte-level BPE tokenizers of the shape Qwen's is (an NFC normalizer or none,
-one regex split, byte-level bytes, added tokens matched as plain strings) compute what
-tiktoken's BPE core computes from the same vocabulary, with the added tokens split out first
-and each piece between them normalized. The twin is built from the tokenizer's own
+one regex split, byte-level bytes, added tokens matched as plain strings) give the ids
+tiktoken's BPE core gives from the same vocabulary, with the added tokens split out first and
+each piece between them normalized: tiktoken merges the pair whose result has the lowest id,
+Hugging Face the pair listed first among the merges, and with merges listed in the order of
+their results' ids (checked) the two agree on vocabularies made by BPE training, and on
+merge lists converted from tiktoken ranks. The twin is built from the tokenizer's own
 `tokenizer.json` only when it has that shape, and used only when it then encodes every
 vocabulary token and a set of hard texts exactly as the tokenizer does.
 
@@ -170,7 +173,7 @@ class BpeTwin:
 
 
 # per tokenizer.json (by digest): the checked twin, or why there is none. Building and checking
-# one costs ~2 s on Qwen's 248K vocabulary; every builder of a process shares it.
+# one costs ~2.6 s on Qwen's 248K vocabulary; every builder of a process shares it.
 _TWINS: dict[str, BpeTwin | str] = {}
 
 
@@ -237,6 +240,7 @@ def build_twin(spec: dict[str, Any]) -> BpeTwin:
         raise TwinUnsupported("the vocabulary is not byte-level") from None
     if len(ranks) != len(model["vocab"]) or any(bytes([b]) not in ranks for b in range(256)):
         raise TwinUnsupported("the vocabulary does not map the 256 bytes one to one")
+    _check_merge_order(model)
     added: dict[str, int] = {}
     for token in spec.get("added_tokens") or []:
         if any(token.get(flag) for flag in ("lstrip", "rstrip", "single_word", "normalized")):
@@ -246,6 +250,18 @@ def build_twin(spec: dict[str, Any]) -> BpeTwin:
         "draftgen-twin", pat_str=pattern, mergeable_ranks=ranks, special_tokens={}
     )
     return BpeTwin(encoding, added, nfc=normalizer is not None)
+
+
+def _check_merge_order(model: dict[str, Any]) -> None:
+    """Merges listed in the order of their results' ids, each result in the vocabulary."""
+    vocab = model["vocab"]
+    last = -1
+    for merge in model.get("merges") or []:
+        left, right = merge.split(" ", 1) if isinstance(merge, str) else merge
+        rank = vocab.get(left + right)
+        if rank is None or rank < last:
+            raise TwinUnsupported(f"merge {left!r} + {right!r} is not in the order of the ids")
+        last = rank
 
 
 def _difference(

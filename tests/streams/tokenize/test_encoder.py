@@ -108,6 +108,7 @@ def test_twin_batches_keep_the_order_of_texts(qwen_tiny: Any) -> None:
         (lambda s: s["added_tokens"][0].update(lstrip=True), "not a plain string"),
         (lambda s: s["model"]["vocab"].pop("Ā"), "256 bytes"),
         (lambda s: s["model"]["vocab"].update({"日本": 10**6}), "not byte-level"),
+        (lambda s: s["model"]["merges"].reverse(), "not in the order of the ids"),
     ],
 )
 def test_other_tokenizer_shapes_get_no_twin(
