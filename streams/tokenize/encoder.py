@@ -181,7 +181,11 @@ def _twin_of(tokenizer: Any) -> BpeTwin | None:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         return None  # not a Hugging Face fast tokenizer (Kimi's is tiktoken already)
-    spec = backend.to_str()
+    try:
+        spec = backend.to_str()
+    except Exception as err:  # a wrapper without Hugging Face's serialization
+        log.info("encoding with the tokenizer itself: no tokenizer.json (%s)", err)
+        return None
     digest = hashlib.sha256(spec.encode()).hexdigest()
     if digest not in _TWINS:
         started = time.monotonic()
