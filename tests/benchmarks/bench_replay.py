@@ -135,10 +135,10 @@ def run_warm(
     asyncio.run(ensure_topics(kafka))
     dataset = f"warm-{workers}-{run}"
     store = ShardStore(str(out), dataset)
-    argv = ["replay", "--tokenizer", str(tokenizer), "--out", str(out), "--dataset", dataset]
+    argv = ["--log-level", "INFO", "replay"]  # INFO: the encoder's ready line
+    argv += ["--tokenizer", str(tokenizer), "--out", str(out), "--dataset", dataset]
     argv += ["--bootstrap", kafka.bootstrap, "--topic-prefix", kafka.topic_prefix]
     argv += ["--partitions", str(PARTITIONS), "--idle-flush", "2", "--heartbeat-interval", "0"]
-    argv += ["--log-level", "INFO"]  # the encoder's ready line
     procs = [stack.start_worker(f"{dataset}-{i}", argv) for i in range(workers)]
     try:
         group = f"draftgen-tokenize-{dataset}"
@@ -163,7 +163,7 @@ def run_warm(
 def _ready(procs: list[ManagedProcess], kafka: KafkaSettings, group: str) -> bool:
     for proc in procs:
         if not proc.alive():
-            raise RuntimeError(f"a worker exited; see {proc.log_path}")
+            raise RuntimeError(f"a worker exited:\n{proc.tail()}")
     if not all(TWIN_READY in p.log_path.read_text(errors="replace") for p in procs):
         return False
     return asyncio.run(stable_members(kafka, group)) >= len(procs)
