@@ -173,7 +173,7 @@ class BpeTwin:
 
 
 # per tokenizer.json (by digest): the checked twin, or why there is none. Building and checking
-# one costs ~2.6 s on Qwen's 248K vocabulary; every builder of a process shares it.
+# one costs ~3 s on Qwen's 248K vocabulary; every builder of a process shares it.
 _TWINS: dict[str, BpeTwin | str] = {}
 
 

@@ -16,6 +16,10 @@ committed window to the end, so it also leaves out the work done before that win
 (more of it with more workers); the rate over the wall is the one to compare workers by.
 CPU is the workers' user+system time over the run (from /proc), peak RSS each worker's VmHWM.
 
+Then the same worker counts warm: each on topics of its own, started, joined (group Stable)
+and with its encoder ready (the twin's log line) before the completions are produced; timed
+from the first send to the version caught up, CPU over that time. Producing shares the cores.
+
 The 16-core projection divides the tokens by the workers' CPU time per token spread over 16
 cores: it assumes a worker per two cores (a worker's encoder uses two), the broker and S3 on
 other machines (as in a deployment; here they share the two cores), and partitions ≥ workers.
