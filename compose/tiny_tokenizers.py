@@ -27,6 +27,8 @@ from typing import Any
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+from streams.core.tokenizers import byte_to_unicode, unicode_to_byte
+
 ASSETS = Path(__file__).parent / "assets"
 BUNDLED_QWEN36 = ASSETS / "qwen36-tiny"
 KIMI_CODE = ASSETS / "kimi_k26" / "tokenization_kimi.py"
@@ -139,36 +141,13 @@ SELECT name, count(*) FROM users WHERE created_at > now() - interval '1 day' GRO
 # --- shared BPE helpers ---------------------------------------------------------------------
 
 
-@cache
-def _byte_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map from bytes to printable characters (byte-level BPE alphabet)."""
-    printable = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    chars = list(printable)
-    extra = 0
-    for byte in range(256):
-        if byte not in printable:
-            printable.append(byte)
-            chars.append(256 + extra)
-            extra += 1
-    return dict(zip(printable, (chr(c) for c in chars), strict=True))
-
-
 def _bytes_to_str(token: bytes) -> str:
-    table = _byte_to_unicode()
+    table = byte_to_unicode()
     return "".join(table[b] for b in token)
 
 
-@cache
-def _unicode_to_byte() -> dict[str, int]:
-    return {char: byte for byte, char in _byte_to_unicode().items()}
-
-
 def _str_to_bytes(token: str) -> bytes:
-    table = _unicode_to_byte()
+    table = unicode_to_byte()
     return bytes(table[c] for c in token)
 
 

@@ -7,6 +7,7 @@ import hashlib
 import logging
 import os
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -66,3 +67,20 @@ def load_tokenizer(
         template_sha256=hashlib.sha256(template.encode()).hexdigest(),
         directory=directory,
     )
+
+
+@cache
+def byte_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from bytes to printable characters: the alphabet in which
+    byte-level BPE vocabularies (`tokenizer.json`) write their tokens."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    printable += range(ord("®"), ord("ÿ") + 1)
+    chars = {byte: chr(byte) for byte in printable}
+    for extra, byte in enumerate(b for b in range(256) if b not in chars):
+        chars[byte] = chr(256 + extra)
+    return chars
+
+
+@cache
+def unicode_to_byte() -> dict[str, int]:
+    return {char: byte for byte, char in byte_to_unicode().items()}

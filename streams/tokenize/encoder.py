@@ -28,11 +28,12 @@ import time
 import unicodedata
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from functools import cache
 from typing import Any, Literal
 
 import orjson
 import tiktoken
+
+from streams.core.tokenizers import unicode_to_byte
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +210,7 @@ def _checked_twin(spec: dict[str, Any], tokenizer: TextEncoder) -> BpeTwin | str
         twin = build_twin(spec)
     except TwinUnsupported as err:
         return f"no tiktoken twin ({err})"
-    difference = _difference(twin, tokenizer.reference, spec)
+    difference = _difference(twin, tokenizer.reference)
     return f"the tiktoken twin {difference}" if difference else twin
 
 
@@ -237,7 +238,7 @@ def build_twin(spec: dict[str, Any]) -> BpeTwin:
         raise TwinUnsupported("the model is not a plain BPE")
     if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
         raise TwinUnsupported("the BPE marks subwords")
-    to_byte = _unicode_to_byte()
+    to_byte = unicode_to_byte()
     try:
         ranks = {bytes(to_byte[c] for c in token): rank for token, rank in model["vocab"].items()}
     except KeyError:
@@ -268,12 +269,16 @@ def _check_merge_order(model: dict[str, Any]) -> None:
         last = rank
 
 
-def _difference(
-    twin: BpeTwin, reference: Callable[[Sequence[str]], list[list[int]]], spec: dict[str, Any]
-) -> str | None:
+def _difference(twin: BpeTwin, reference: Callable[[Sequence[str]], list[list[int]]]) -> str | None:
     """Where the twin's ids differ from the tokenizer's: every vocabulary token that is text,
     alone (joined by an added token, which both split out first), and the hard texts."""
-    words = sorted(token for token in _vocabulary_texts(spec) if token)
+    words = []
+    for token in twin.encoding.token_byte_values():
+        try:
+            words.append(token.decode("utf-8"))
+        except UnicodeDecodeError:  # a partial character: only ever inside longer text
+            continue
+    words.sort()
     separator = next(iter(twin.added), None)
     if separator is None:
         texts = words
@@ -290,28 +295,3 @@ def _difference(
             )
             return f"differs from the tokenizer at token {at} of {text[:40]!r}…"
     return None
-
-
-def _vocabulary_texts(spec: dict[str, Any]) -> list[str]:
-    to_byte = _unicode_to_byte()
-    texts = []
-    for token in spec["model"]["vocab"]:
-        try:
-            texts.append(bytes(to_byte[c] for c in token).decode("utf-8"))
-        except UnicodeDecodeError:  # a partial character: only ever inside longer text
-            continue
-    return texts
-
-
-@cache
-def _unicode_to_byte() -> dict[str, int]:
-    """The inverse of GPT-2's byte-level alphabet (printable characters for the 256 bytes)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
-    printable += range(ord("®"), ord("ÿ") + 1)
-    chars = {byte: chr(byte) for byte in printable}
-    extra = 0
-    for byte in range(256):
-        if byte not in chars:
-            chars[byte] = chr(256 + extra)
-            extra += 1
-    return {char: byte for byte, char in chars.items()}

@@ -181,10 +181,11 @@ class SampleBuilder:
                     rendered[i] = err
 
         encoded = self._encode(rendered, self.encoder.encode_batch)
+        assembled = {i: self._assemble(server, encoded.get(i)) for i, server in servers.items()}
         if self.encoder.twin:
-            self._confirm_drift(servers, rendered, encoded)
-        for i, server in servers.items():
-            results[i] = self._assemble(server, encoded.get(i))
+            self._confirm_drift(servers, rendered, encoded, assembled)
+        for i, sample in assembled.items():
+            results[i] = sample if isinstance(sample, SampleError) else self._checked(sample)
         return cast(list[Sample | SampleError], results)
 
     def render(self, completion: CompletionRecord) -> RenderedText:
@@ -312,37 +313,29 @@ class SampleBuilder:
         self,
         servers: Mapping[int, tuple[Ids, Ids] | None],
         rendered: Mapping[int, RenderedText | SampleError],
-        encoded: dict[int, tuple[Ids, int] | SampleError],
+        encoded: Mapping[int, tuple[Ids, int] | SampleError],
+        assembled: dict[int, Sample | SampleError],
     ) -> None:
-        """The twin encoder's ids differ from the server's: the tokenizer's own ids replace
-        them, so that a drift is the tokenizer's, never the twin's (encoder.py)."""
-        suspects = {}
-        for i, ids in encoded.items():
-            server = servers.get(i)
-            if server is not None and isinstance(ids, tuple):
-                prompt, output = server
-                same = len(ids[0]) == len(prompt) + len(output) and np.array_equal(
-                    ids[0], np.concatenate(server)
-                )
-                if not same:
-                    suspects[i] = rendered[i]
-        if not suspects:
+        """A drift measured with the twin's ids is re-measured with the tokenizer's own, so
+        that a drift is the tokenizer's, never the twin's (encoder.py)."""
+        drifted = {
+            i: rendered[i]
+            for i, sample in assembled.items()
+            if isinstance(sample, Sample) and sample.drift
+        }
+        if not drifted:
             return
-        for i, confirmed in self._encode(suspects, self.encoder.reference).items():
-            ours = encoded[i]
-            if not (
-                isinstance(confirmed, tuple)
-                and isinstance(ours, tuple)
-                and confirmed[1] == ours[1]
-                and np.array_equal(confirmed[0], ours[0])
-            ):
-                self.encoder.disable("a sample whose ids differ from the server's")
-            encoded[i] = confirmed
+        for i, confirmed in self._encode(drifted, self.encoder.reference).items():
+            if _same_encoding(confirmed, encoded[i]):
+                continue
+            self.encoder.disable("a sample whose ids differ from the server's")
+            assembled[i] = self._assemble(servers[i], confirmed)
 
     def _assemble(
         self, server: tuple[Ids, Ids] | None, rendered: tuple[Ids, int] | SampleError | None
     ) -> Sample | SampleError:
-        """The sample from the server's checked ids and/or the rendering's."""
+        """The sample from the server's checked ids and/or the rendering's (not yet
+        `_checked`)."""
         if server is None or self.prefer == "rendered":
             if rendered is None or isinstance(rendered, SampleError):
                 return rendered or SampleError("internal", "completion was not rendered")
@@ -360,7 +353,7 @@ class SampleBuilder:
             if sample.drift:
                 sample.drift_position = _first_difference(rendered[0], server_all)
                 sample.drift_cause = self._drift_cause(server, rendered)
-        return self._checked(sample)
+        return sample
 
     def _drift_cause(self, server: tuple[Ids, Ids], rendered: tuple[Ids, int]) -> DriftCause:
         """Only for drifted samples: two single-token decodes, no pass over the whole sample."""
@@ -596,6 +589,14 @@ def _mask(zeros: int, ones: int) -> Mask:
     mask = np.zeros(zeros + ones, dtype=np.int8)
     mask[zeros:] = 1
     return mask
+
+
+def _same_encoding(
+    a: tuple[Ids, int] | SampleError | None, b: tuple[Ids, int] | SampleError | None
+) -> bool:
+    if not (isinstance(a, tuple) and isinstance(b, tuple)):
+        return False
+    return a[1] == b[1] and np.array_equal(a[0], b[0])
 
 
 def _first_difference(a: Ids, b: Ids) -> int:

@@ -97,14 +97,19 @@ async def _produce(kafka: KafkaSettings, records: list[bytes]) -> None:
         await producer.stop()
 
 
+def _replay_argv(kafka: KafkaSettings, tokenizer: Path, out: Path, dataset: str) -> list[str]:
+    argv = ["replay", "--tokenizer", str(tokenizer), "--out", str(out), "--dataset", dataset]
+    argv += ["--bootstrap", kafka.bootstrap, "--topic-prefix", kafka.topic_prefix]
+    argv += ["--partitions", str(PARTITIONS), "--idle-flush", "2", "--heartbeat-interval", "0"]
+    return argv
+
+
 def run_one(
     stack: LocalStack, kafka: KafkaSettings, tokenizer: Path, out: Path, workers: int, run: str
 ) -> Result:
     dataset = f"bench-{workers}-{run}"
     store = ShardStore(str(out), dataset)
-    argv = ["replay", "--tokenizer", str(tokenizer), "--out", str(out), "--dataset", dataset]
-    argv += ["--bootstrap", kafka.bootstrap, "--topic-prefix", kafka.topic_prefix]
-    argv += ["--partitions", str(PARTITIONS), "--idle-flush", "2", "--heartbeat-interval", "0"]
+    argv = _replay_argv(kafka, tokenizer, out, dataset)
     started = time.monotonic()
     procs: list[ManagedProcess] = [
         stack.start_worker(f"{dataset}-{i}", argv) for i in range(workers)
@@ -141,10 +146,7 @@ def run_warm(
     asyncio.run(ensure_topics(kafka))
     dataset = f"warm-{workers}-{run}"
     store = ShardStore(str(out), dataset)
-    argv = ["--log-level", "INFO", "replay"]  # INFO: the encoder's ready line
-    argv += ["--tokenizer", str(tokenizer), "--out", str(out), "--dataset", dataset]
-    argv += ["--bootstrap", kafka.bootstrap, "--topic-prefix", kafka.topic_prefix]
-    argv += ["--partitions", str(PARTITIONS), "--idle-flush", "2", "--heartbeat-interval", "0"]
+    argv = ["--log-level", "INFO", *_replay_argv(kafka, tokenizer, out, dataset)]  # ready line
     procs = [stack.start_worker(f"{dataset}-{i}", argv) for i in range(workers)]
     try:
         group = f"draftgen-tokenize-{dataset}"
