@@ -33,7 +33,7 @@ import pyarrow.dataset as pads
 
 from sinks.layout import parse_shard_name
 from sinks.manifest import SealedManifest
-from sinks.resolve import resolve
+from sinks.resolve import Resolution, light_marker, resolve
 from sinks.shards import SHARD_SCHEMA, ShardMarker, ShardStore, read_present
 
 # listings a shard may fail its check in a row (rewritten under us) before it is an error
@@ -113,12 +113,19 @@ class DatasetReader:
         manifest = self.sealed()
         if manifest is not None:
             return sealed_shards(self.store, manifest)
-        return committed_shards(self.store, _MarkerCache())
+        return resolved_shards(self.store, self.store.committed(keep_ids=False))
 
-    def markers(self) -> list[ShardMarker]:
-        """The commit markers of the version's shards (drift, truncation, ids written)."""
-        keys = {ref.marker_key for ref in self.shards()}
-        return [m for m in self.store.markers() if m.key in keys]
+    def markers(self, refs: Sequence[ShardRef] | None = None) -> list[ShardMarker]:
+        """The commit markers of the version's shards (`refs`, default `shards()`): drift,
+        truncation, rows; read one partition at a time and kept without their per-row lists
+        (prompt ids, row tokens)."""
+        keys = {ref.marker_key for ref in (self.shards() if refs is None else refs)}
+        return [
+            light_marker(m, keep_rows=False)
+            for markers in self.store.markers_by_partition()
+            for m in markers
+            if m.key in keys
+        ]
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -264,7 +271,10 @@ def committed_shards(store: ShardStore, cache: _MarkerCache) -> list[ShardRef]:
         for path, raw in read_present(store.fs, new).items():
             cache.markers[os.path.basename(str(path))] = ShardMarker.decode(raw)
     # the windows that count and the rows replaced by a later answer (sinks/resolve.py)
-    resolution = resolve(cache.markers.values())
+    return resolved_shards(store, resolve(cache.markers.values()))
+
+
+def resolved_shards(store: ShardStore, resolution: Resolution) -> list[ShardRef]:
     refs = [
         ShardRef(
             path=store.shard_path(m),

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 from sinks.marker import ShardMarker
 
@@ -33,14 +35,19 @@ class Resolution:
     exclude: dict[WindowKey, list[int]] = field(default_factory=dict)
     samples: set[str] = field(default_factory=set)  # prompt ids whose outcome is a row
     drops: dict[str, str] = field(default_factory=dict)  # prompt id → reason kind
+    # how many prompt ids end as a row: len(samples), also when the ids were not kept
+    sample_count: int = 0
 
     @property
     def prompt_ids(self) -> set[str]:
-        """Every prompt id with an outcome in this version."""
+        """Every prompt id with an outcome in this version (when the ids were kept)."""
         return self.samples | set(self.drops)
 
     def kept_rows(self, marker: ShardMarker) -> int:
         return marker.rows - len(self.exclude.get(marker.key, ()))
+
+
+Latest = dict[str, "tuple[WindowKey, int] | None"]
 
 
 def _newest_first(marker: ShardMarker) -> tuple[int, float]:
@@ -63,36 +70,104 @@ def _fence(markers: list[ShardMarker]) -> tuple[list[ShardMarker], list[ShardMar
     return accepted, superseded
 
 
+def _partition(
+    resolution: Resolution, markers: list[ShardMarker], cutoff: int | None, latest: Latest
+) -> list[ShardMarker]:
+    """Resolve one partition's markers into `resolution`; `latest`: prompt id → (window key,
+    row index) of its latest row, or None when its latest outcome is a drop. Returns the
+    partition's windows that count."""
+    windows, superseded = _fence(markers)
+    if cutoff is not None:
+        windows = [w for w in windows if w.end_offset < cutoff]
+    resolution.windows.extend(windows)
+    resolution.superseded.extend(superseded)
+    for window in windows:
+        key = window.key
+        for index, prompt_id in enumerate(window.prompt_ids):
+            earlier = latest.get(prompt_id)
+            if earlier is not None:
+                resolution.exclude.setdefault(earlier[0], []).append(earlier[1])
+            latest[prompt_id] = (key, index)
+            resolution.drops.pop(prompt_id, None)
+        for prompt_id, kind in window.drops.items():
+            earlier = latest.get(prompt_id)
+            if earlier is not None:
+                resolution.exclude.setdefault(earlier[0], []).append(earlier[1])
+            latest[prompt_id] = None
+            resolution.drops[prompt_id] = kind
+    return windows
+
+
+def _samples(resolution: Resolution, latest: Latest, keep_ids: bool) -> None:
+    rows = [pid for pid, where in latest.items() if where is not None]
+    resolution.sample_count += len(rows)
+    if keep_ids:
+        resolution.samples.update(rows)
+
+
 def resolve(markers: Iterable[ShardMarker], committed: dict[int, int] | None = None) -> Resolution:
-    """`committed`: per partition, the group's committed offset; when given, only windows that
-    end before it count (a sealed version: those can no longer be superseded or replaced)."""
+    """All markers at once. `committed`: per partition, the group's committed offset; when
+    given, only windows that end before it count (a sealed version: those can no longer be
+    superseded or replaced)."""
     by_partition: dict[int, list[ShardMarker]] = {}
     for marker in markers:
         by_partition.setdefault(marker.partition, []).append(marker)
     resolution = Resolution()
-    # prompt id → (window key, row index) of its latest row, or None when the latest is a drop
-    latest: dict[str, tuple[WindowKey, int] | None] = {}
+    latest: Latest = {}
     for partition in sorted(by_partition):
-        windows, superseded = _fence(by_partition[partition])
-        if committed is not None:
-            cutoff = committed.get(partition, 0)
-            windows = [w for w in windows if w.end_offset < cutoff]
-        resolution.windows.extend(windows)
-        resolution.superseded.extend(superseded)
-        for window in windows:
-            for index, prompt_id in enumerate(window.prompt_ids):
-                earlier = latest.get(prompt_id)
-                if earlier is not None:
-                    resolution.exclude.setdefault(earlier[0], []).append(earlier[1])
-                latest[prompt_id] = (window.key, index)
-                resolution.drops.pop(prompt_id, None)
-            for prompt_id, kind in window.drops.items():
-                earlier = latest.get(prompt_id)
-                if earlier is not None:
-                    resolution.exclude.setdefault(earlier[0], []).append(earlier[1])
-                latest[prompt_id] = None
-                resolution.drops[prompt_id] = kind
-    resolution.samples = {pid for pid, where in latest.items() if where is not None}
+        cutoff = committed.get(partition, 0) if committed is not None else None
+        _partition(resolution, by_partition[partition], cutoff, latest)
+    _samples(resolution, latest, keep_ids=True)
     for indices in resolution.exclude.values():
         indices.sort()
     return resolution
+
+
+def resolve_partitions(
+    partitions: Iterable[list[ShardMarker]],
+    committed: dict[int, int] | None = None,
+    *,
+    keep_ids: bool = True,
+) -> Resolution | None:
+    """The same as `resolve`, holding one partition's markers at a time, so memory does not
+    grow with the version: every answer of a prompt is in one partition (completions are
+    keyed by prompt id), so its latest outcome is found within it. Without `keep_ids`,
+    `samples` is empty (`sample_count` counts them) and the windows are their markers without
+    the per-row lists (prompt ids; row tokens unless a row is excluded). None if a prompt id
+    has outcomes in two partitions (possible only after the topic's partition count
+    changed): then `resolve` over all markers decides, as before."""
+    resolution = Resolution()
+    seen: list[np.ndarray] = []  # each partition's outcome ids, hashed: a cross-check only
+    for markers in partitions:
+        if not markers:
+            continue
+        partition = markers[0].partition
+        cutoff = committed.get(partition, 0) if committed is not None else None
+        latest: Latest = {}
+        superseded = len(resolution.superseded)
+        windows = _partition(resolution, markers, cutoff, latest)
+        _samples(resolution, latest, keep_ids)
+        seen.append(np.fromiter(map(hash, latest), dtype=np.int64, count=len(latest)))
+        first = len(resolution.windows) - len(windows)
+        for at, window in enumerate(windows, start=first):
+            excluded = resolution.exclude.get(window.key)
+            if excluded:
+                excluded.sort()
+            if not keep_ids:
+                resolution.windows[at] = light_marker(window, keep_rows=bool(excluded))
+        if not keep_ids:
+            for at in range(superseded, len(resolution.superseded)):
+                resolution.superseded[at] = light_marker(resolution.superseded[at], False)
+    hashes = np.concatenate(seen) if seen else np.empty(0, dtype=np.int64)
+    if len(np.unique(hashes)) != len(hashes):  # (or a 64-bit hash collision: also exact)
+        return None
+    return resolution
+
+
+def light_marker(marker: ShardMarker, keep_rows: bool) -> ShardMarker:
+    """The marker without its per-row lists: prompt ids, and row tokens unless `keep_rows`."""
+    if not marker.prompt_ids and not marker.row_tokens:
+        return marker
+    if keep_rows:
+        return replace(marker, prompt_ids=[])
+    return replace(marker, prompt_ids=[], row_tokens=[], row_loss_tokens=[])

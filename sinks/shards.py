@@ -10,7 +10,7 @@ import os
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,7 @@ import pyarrow as pa
 from sinks.layout import DatasetLayout, parse_shard_name
 from sinks.manifest import SealedManifest, ShardEntry
 from sinks.marker import ShardMarker
-from sinks.resolve import Resolution, resolve
+from sinks.resolve import Resolution, resolve, resolve_partitions
 
 SHARD_SCHEMA = pa.schema(
     [
@@ -183,20 +183,38 @@ class ShardStore:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def markers(self, partition: int | None = None) -> list[ShardMarker]:
-        pattern = f"part-{partition:04d}-*.json" if partition is not None else "part-*.json"
+    def _marker_paths(self, pattern: str = "part-*.json") -> list[str]:
         # s3fs caches listings: a stale one would hide markers written since (by us or others).
         self.fs.invalidate_cache(self.layout.committed_dir)
         try:
-            paths = sorted(self.fs.glob(f"{self.layout.committed_dir}/{pattern}"))
+            return sorted(self.fs.glob(f"{self.layout.committed_dir}/{pattern}"))
         except FileNotFoundError:
             return []
+
+    def markers(self, partition: int | None = None) -> list[ShardMarker]:
+        pattern = f"part-{partition:04d}-*.json" if partition is not None else "part-*.json"
+        paths = self._marker_paths(pattern)
         return [ShardMarker.decode(raw) for _, raw in sorted(read_present(self.fs, paths).items())]
 
-    def committed(self, offsets: dict[int, int] | None = None) -> Resolution:
+    def markers_by_partition(self) -> Iterator[list[ShardMarker]]:
+        """Every marker, one partition's at a time (names listed once, contents read per
+        partition), so a caller holds one partition's markers, not the version's."""
+        by_partition: dict[int, list[str]] = {}
+        for path in self._marker_paths():
+            by_partition.setdefault(parse_shard_name(path)[0], []).append(path)
+        for partition in sorted(by_partition):
+            found = read_present(self.fs, by_partition[partition])
+            yield [ShardMarker.decode(raw) for _, raw in sorted(found.items())]
+
+    def committed(
+        self, offsets: dict[int, int] | None = None, *, keep_ids: bool = True
+    ) -> Resolution:
         """What the version holds now: the windows that count and each prompt's latest outcome;
-        with `offsets` (the group's committed offsets), only what is settled below them."""
-        return resolve(self.markers(), offsets)
+        with `offsets` (the group's committed offsets), only what is settled below them.
+        Resolved a partition at a time (sinks/resolve.py): the windows come without their
+        per-row lists, and `samples` holds the prompt ids only with `keep_ids`."""
+        resolution = resolve_partitions(self.markers_by_partition(), offsets, keep_ids=keep_ids)
+        return resolution if resolution is not None else resolve(self.markers(), offsets)
 
     def sealed(self) -> SealedManifest | None:
         """The sealed manifest, if the version was sealed (`draftgen seal`)."""
@@ -207,7 +225,7 @@ class ShardStore:
 
     def seal(self, offsets: dict[int, int]) -> SealedManifest:
         """Write the manifest of exactly the windows and rows settled below `offsets`."""
-        resolution = self.committed(offsets)
+        resolution = self.committed(offsets, keep_ids=False)
         entries, tokens = [], 0
         for marker in resolution.windows:
             excluded = resolution.exclude.get(marker.key, [])
@@ -229,7 +247,7 @@ class ShardStore:
             dataset=self.layout.dataset,
             sealed_at=time.time(),
             shards=entries,
-            samples=len(resolution.samples),
+            samples=resolution.sample_count,
             tokens=tokens,
             drops=dict(Counter(resolution.drops.values())),
             dropped=dict(resolution.drops),
@@ -243,7 +261,7 @@ class ShardStore:
         return self.layout.shard(marker.partition, marker.start_offset, marker.generation)
 
     def committed_shard_paths(self) -> list[str]:
-        return [self.shard_path(m) for m in self.committed().windows if m.rows > 0]
+        return [self.shard_path(m) for m in self.committed(keep_ids=False).windows if m.rows > 0]
 
     def committed_shard_urls(self) -> list[str]:
         """Full URLs (with protocol) of committed shards, for pyarrow / datasets readers. A shard
@@ -270,7 +288,7 @@ class ShardStore:
         return self._read_parts(self._committed_parts())
 
     def _committed_parts(self) -> list[tuple[str, list[int]]]:
-        resolution = self.committed()
+        resolution = self.committed(keep_ids=False)
         return [
             (self.shard_path(m), resolution.exclude.get(m.key, []))
             for m in resolution.windows

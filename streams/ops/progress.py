@@ -31,11 +31,13 @@ class DatasetFigures:
     truncated: int = 0
 
 
-def dataset_figures(store: ShardStore) -> DatasetFigures:
-    resolution = store.committed()
+def dataset_figures(store: ShardStore, *, keep_ids: bool = True) -> DatasetFigures:
+    """`keep_ids`: also the prompt ids with an outcome (what `run` waits for); without them
+    memory does not grow with the version (`status`)."""
+    resolution = store.committed(keep_ids=keep_ids)
     figures = DatasetFigures(
-        samples=len(resolution.samples),
-        prompt_ids=resolution.prompt_ids,
+        samples=resolution.sample_count,
+        prompt_ids=resolution.prompt_ids if keep_ids else set(),
         drops=dict(resolution.drops),
         superseded_windows=len(resolution.superseded),
     )

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,6 +106,66 @@ def distribution(values: np.ndarray, bins: int) -> dict[str, Any]:
     }
 
 
+@dataclass
+class LengthCounts:
+    """How many samples have each length, per figure: the lengths' distribution in memory
+    that grows with the longest sample, not with the number of samples. Negative lengths
+    (reasoning and answer of a sample that was not split) are counted apart."""
+
+    counts: dict[str, np.ndarray] = field(default_factory=dict)
+    unsplit: int = 0
+
+    def add(self, lengths: dict[str, np.ndarray]) -> None:
+        for name, values in lengths.items():
+            known = values[values >= 0]
+            if name == "reasoning":
+                self.unsplit += len(values) - len(known)
+            counts = np.bincount(known, minlength=len(self.counts.get(name, ())))
+            if name in self.counts:
+                counts[: len(self.counts[name])] += self.counts[name]
+            self.counts[name] = counts
+
+    def distribution(self, name: str, bins: int) -> dict[str, Any]:
+        return distribution_of_counts(self.counts.get(name, np.zeros(0, np.int64)), bins)
+
+
+def distribution_of_counts(counts: np.ndarray, bins: int) -> dict[str, Any]:
+    """`distribution` of the lengths whose counts are `counts` (counts[n]: samples of length
+    n), figure for figure (numpy's linear percentiles)."""
+    total = int(counts.sum())
+    if total == 0:
+        return {"count": 0}
+    present = np.flatnonzero(counts)
+    low, top = int(present[0]), int(present[-1])
+    lengths = np.arange(len(counts))
+    histogram, edges = np.histogram(lengths, bins=bins, range=(0, max(top, 1)), weights=counts)
+    cumulative = np.cumsum(counts)
+
+    def nth(k: int) -> int:  # the k-th smallest length, from 0
+        return int(np.searchsorted(cumulative, k, side="right"))
+
+    def percentile(q: float) -> float:  # numpy's "linear" method, to the last bit
+        at = (total - 1) * (q / 100)
+        below = int(np.floor(at))
+        lower, upper = nth(below), nth(min(below + 1, total - 1))
+        gamma, diff = at - below, float(upper - lower)
+        return float(upper - diff * (1 - gamma) if gamma >= 0.5 else lower + diff * gamma)
+
+    return {
+        "count": total,
+        "min": low,
+        "max": top,
+        "mean": round(float((lengths * counts).sum() / total), 2),
+        "p50": percentile(50),
+        "p90": percentile(90),
+        "p99": percentile(99),
+        "histogram": {
+            "edges": [round(float(e), 2) for e in edges],
+            "counts": histogram.astype(np.int64).tolist(),
+        },
+    }
+
+
 def think_close_id(tokenizer_dir: str | None) -> tuple[int | None, str]:
     """The token id that closes thinking in this tokenizer, or None and why not."""
     if not tokenizer_dir:
@@ -173,8 +232,9 @@ class _Totals:
     by_source: dict[str, Counter[str]] = field(default_factory=dict)
     finish_reasons: Counter[str] = field(default_factory=Counter)
     token_sources: Counter[str] = field(default_factory=Counter)
-    prompt_ids: set[str] = field(default_factory=set)
-    lengths: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    # the prompt ids, hashed: enough to count duplicates, 8 bytes a sample
+    id_hashes: list[np.ndarray] = field(default_factory=list)
+    lengths: LengthCounts = field(default_factory=LengthCounts)
 
     def add(self, table: pa.Table, think_close: int | None) -> None:
         self.samples += table.num_rows
@@ -190,18 +250,17 @@ class _Totals:
             counts["loss_tokens"] += row["num_loss_tokens_sum"]
         self.finish_reasons.update(_counts(table["finish_reason"]))
         self.token_sources.update(_counts(table["token_source"]))
-        self.prompt_ids.update(table["prompt_id"].to_pylist())
-        for name, values in sample_lengths(table, think_close).items():
-            self.lengths.setdefault(name, []).append(values)
+        ids = table["prompt_id"].to_pylist()
+        self.id_hashes.append(np.fromiter(map(hash, ids), dtype=np.int64, count=len(ids)))
+        self.lengths.add(sample_lengths(table, think_close))
+
+    def distinct_ids(self) -> int:
+        hashes = np.concatenate(self.id_hashes) if self.id_hashes else np.zeros(0, np.int64)
+        return len(np.unique(hashes))
 
 
 def _counts(column: pa.ChunkedArray) -> dict[str, int]:
     return {str(v["values"]): int(v["counts"]) for v in pc.value_counts(column).to_pylist()}
-
-
-def _joined(parts: Iterable[np.ndarray]) -> np.ndarray:
-    parts = list(parts)
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 def build_report(
@@ -218,9 +277,9 @@ def build_report(
     totals = _Totals()
     for ref in refs:
         totals.add(reader.read_shard(ref), think_close)
-    markers = reader.markers()
-    lengths = {name: _joined(parts) for name, parts in totals.lengths.items()}
-    split = lengths.get("reasoning", np.zeros(0, dtype=np.int64)) >= 0
+    markers = reader.markers(refs)
+    lengths = totals.lengths
+    split = int(lengths.counts["reasoning"].sum()) if "reasoning" in lengths.counts else 0
     not_recorded: list[str] = []
 
     report: dict[str, Any] = {
@@ -238,22 +297,22 @@ def build_report(
         "token_sources": dict(totals.token_sources.most_common()),
     }
     report["lengths"] = {
-        "prompt": distribution(lengths.get("prompt", np.zeros(0)), bins),
-        "reasoning": distribution(lengths["reasoning"][split], bins)
-        if think_close is not None and "reasoning" in lengths
+        "prompt": lengths.distribution("prompt", bins),
+        "reasoning": lengths.distribution("reasoning", bins)
+        if think_close is not None and "reasoning" in lengths.counts
         else None,
-        "answer": distribution(lengths["answer"][split], bins)
-        if think_close is not None and "answer" in lengths
+        "answer": lengths.distribution("answer", bins)
+        if think_close is not None and "answer" in lengths.counts
         else None,
-        "total": distribution(lengths.get("total", np.zeros(0)), bins),
-        "generated": distribution(lengths.get("generated", np.zeros(0)), bins),
+        "total": lengths.distribution("total", bins),
+        "generated": lengths.distribution("generated", bins),
     }
     report["reasoning_split"] = {
         "computed": think_close is not None,
         "think_close_id": think_close,
         "note": split_note,
-        "samples_split": int(split.sum()) if think_close is not None else 0,
-        "samples_without_think_close": int((~split).sum()) if think_close is not None else None,
+        "samples_split": split if think_close is not None else 0,
+        "samples_without_think_close": lengths.unsplit if think_close is not None else None,
     }
     if think_close is None:
         not_recorded += ["lengths.reasoning", "lengths.answer"]
@@ -281,7 +340,7 @@ def build_report(
 
     report["duplicates"] = {
         # should be 0: the sink writes each prompt id once per version
-        "duplicate_ids_in_version": totals.samples - len(totals.prompt_ids),
+        "duplicate_ids_in_version": totals.samples - totals.distinct_ids(),
         "excluded_by_seal": sum(len(r.exclude) for r in refs) if manifest else NOT_RECORDED,
         "removed_by_tokenize": kafka.duplicates
         if kafka is not None and kafka.tokenize_workers
@@ -331,6 +390,7 @@ __all__ = [
     "KafkaFacts",
     "build_report",
     "distribution",
+    "distribution_of_counts",
     "read_kafka_facts",
     "sample_lengths",
     "think_close_id",

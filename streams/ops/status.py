@@ -197,7 +197,9 @@ class StatusProbe:
         names = list(self.settings.datasets) or find_datasets(storage)
         rows = []
         for name in names:
-            figures = dataset_figures(ShardStore(storage.out, name, storage.storage_options()))
+            figures = dataset_figures(
+                ShardStore(storage.out, name, storage.storage_options()), keep_ids=False
+            )
             rows.append(
                 DatasetRow(
                     dataset=name,

@@ -194,9 +194,9 @@ def test_read_table_lists_again_when_a_listed_shard_is_gone(tmp_path: Path) -> N
     committed = store.committed
     calls = {"n": 0}
 
-    def resolved_then_removed(offsets: dict[int, int] | None = None) -> Any:
+    def resolved_then_removed(offsets: dict[int, int] | None = None, **options: Any) -> Any:
         calls["n"] += 1
-        resolution = committed(offsets)
+        resolution = committed(offsets, **options)
         if calls["n"] == 1:
             store.delete_window(0, 2, 1)  # removed after we resolved, before we read it
         return resolution

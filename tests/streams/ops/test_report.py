@@ -18,6 +18,8 @@ import numpy as np
 import orjson
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from compose.tiny_tokenizers import BUNDLED_QWEN36
@@ -28,7 +30,9 @@ from streams.cli.main import main
 from streams.ops.report import (
     NOT_RECORDED,
     KafkaFacts,
+    LengthCounts,
     build_report,
+    distribution,
     sample_lengths,
     think_close_id,
 )
@@ -285,3 +289,23 @@ def test_headless_chromium_renders_every_plot(store: ShardStore, tmp_path: Path)
         assert int(shown) > 100, f"{name} is not displayed"
         expected = dark_pixels(png)
         assert expected > 0 and abs(int(ink) - expected) <= expected * 0.02, (name, ink, expected)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(-1, 5000), max_size=40), max_size=5),
+    st.integers(1, 50),
+)
+def test_lengths_counted_give_the_figures_of_the_lengths_themselves(
+    shards: list[list[int]], bins: int
+) -> None:
+    """The report keeps how many samples have each length, not every sample's length (memory
+    that does not grow with the version): its figures are those of the lengths themselves."""
+    counts = LengthCounts()
+    for values in shards:
+        array = np.asarray(values, dtype=np.int64)
+        counts.add({"total": np.abs(array), "reasoning": array})
+    every = np.asarray([v for values in shards for v in values], dtype=np.int64)
+    assert counts.distribution("total", bins) == distribution(np.abs(every), bins)
+    assert counts.distribution("reasoning", bins) == distribution(every[every >= 0], bins)
+    assert counts.unsplit == int((every < 0).sum())
