@@ -515,12 +515,14 @@ class TokenizeSettings(Settings):
         help="seconds before an idle partition's open shard is written",
         gt=0,
     )
-    # what all open windows of a worker may hold together (records' bytes); past it the largest
-    # window is flushed early: memory stays bounded whatever the backlog (sinks/sink.py)
+    # what all open windows of a worker may hold together (a record counts twice its size: its
+    # bytes and its decoded form); past it the largest window is flushed early: memory stays
+    # bounded whatever the backlog (sinks/sink.py)
     max_open_bytes: int = setting(
         256 * 1024 * 1024,
         flag="--max-open-bytes",
-        help="bytes of records all open windows of a worker hold at most",
+        help="memory all open windows of a worker hold at most (a record counts twice its "
+        "size: its bytes and its decoded form)",
         gt=0,
     )
     # group per dataset version; None: derived from the dataset name

@@ -32,6 +32,11 @@ log = logging.getLogger(__name__)
 STAGE = "tokenize"
 # a window's item: a completion to build, or the dead letter of an undecodable record
 Item = CompletionRecord | DeadLetter
+# tokens of the completions built in one batch: a batch's texts and encoded ids (a Python int
+# a token, ~36 bytes) live until it is assembled, so a whole window (up to --shard-tokens) at
+# once would hold ~150 MB per 4M tokens; this keeps it ~10 MB and still feeds the encoder's
+# threads batches of hundreds of texts
+BUILD_TOKENS = 256 * 1024
 
 
 @dataclass
@@ -109,9 +114,10 @@ class TokenizeWorker:
 
     def _admit(self, tp: Hashable, raw: bytes) -> Admitted[Item]:
         completion = CompletionRecord.decode(raw)
-        usage = completion.usage or {}
-        tokens = int(usage.get("total_tokens") or 0) or len(completion.content) // 3
-        return Admitted(completion, key=completion.prompt_id, tokens=tokens, size=len(raw))
+        # the window holds the event (the record's bytes) and the decoded record (its texts
+        # and ids, about as large): twice its size, so the budget bounds what is held
+        size = 2 * len(raw)
+        return Admitted(completion, key=completion.prompt_id, tokens=_tokens(completion), size=size)
 
     async def prepare(self, items: list[Item]) -> Prepared:
         letters = [item for item in items if isinstance(item, DeadLetter)]
@@ -155,6 +161,19 @@ class TokenizeWorker:
         self.stats.dead_letters += len(items) - marker.rows
 
     def _build_each(self, completions: list[CompletionRecord]) -> list[Sample | SampleError]:
+        """Built in batches of about BUILD_TOKENS tokens, in order."""
+        results: list[Sample | SampleError] = []
+        batch: list[CompletionRecord] = []
+        tokens = 0
+        for completion in completions:
+            batch.append(completion)
+            tokens += _tokens(completion)
+            if tokens >= BUILD_TOKENS:
+                results += self._build_batch(batch)
+                batch, tokens = [], 0
+        return results + self._build_batch(batch) if batch else results
+
+    def _build_batch(self, completions: list[CompletionRecord]) -> list[Sample | SampleError]:
         """The batch build; if it raises, one by one, so an exception costs only its record."""
         try:
             return self.builder.build_many(completions)
@@ -187,3 +206,9 @@ class TokenizeWorker:
             truncated=sample.truncated,
             drift_cause=sample.drift_cause.key if sample.drift_cause else None,
         )
+
+
+def _tokens(completion: CompletionRecord) -> int:
+    """The completion's tokens as its server counted them, else a guess from its text."""
+    usage = completion.usage or {}
+    return int(usage.get("total_tokens") or 0) or len(completion.content) // 3

@@ -415,14 +415,20 @@ class Sampler:
             after = self.sample()
             end = self.now()
             cpu: dict[str, float] = {}
+            peak: dict[str, float] = {}
             with self._lock:
                 for pid, series in self.series.items():
                     if series.t[-1] < start:
                         continue
                     used = after.get(pid, series.cpu_s) - before.get(pid, 0.0)
                     cpu[series.label] = cpu.get(series.label, 0.0) + used
+                    during = [r for t, r in zip(series.t, series.rss_mb, strict=True) if t >= start]
+                    peak[series.label] = max(peak.get(series.label, 0.0), *during, 0.0)
             info.update(
-                end_s=end, wall_s=end - start, cpu_s={k: round(v, 2) for k, v in cpu.items()}
+                end_s=end,
+                wall_s=end - start,
+                cpu_s={k: round(v, 2) for k, v in cpu.items()},
+                rss_mb={k: round(v, 1) for k, v in peak.items()},
             )
             self.stages.append(info)
 
@@ -450,14 +456,13 @@ class Sampler:
             axes.plot([t / 60 for t in s.t], s.rss_mb, color=colour, linewidth=1, label=label)
         for i, stage in enumerate(self.stages):
             axes.axvspan(stage["start_s"] / 60, stage["end_s"] / 60, alpha=0.06, color=f"C{i % 10}")
-            axes.text(
-                stage["start_s"] / 60, limit_mb * 1.02, stage["stage"], fontsize=7, rotation=30
-            )
+            height = limit_mb * (1.0 - 0.05 * (i % 4))  # staggered: short stages are close
+            axes.text(stage["start_s"] / 60, height, stage["stage"], fontsize=7)
         axes.axhline(limit_mb, color="red", linestyle="--", linewidth=0.8)
         axes.set_xlabel("minutes")
         axes.set_ylabel("RSS (MiB)")
-        axes.set_ylim(0, limit_mb * 1.15)
-        axes.legend(loc="upper left", fontsize=8, ncols=3)
+        axes.set_ylim(0, limit_mb * 1.1)
+        axes.legend(loc="lower right", fontsize=8, ncols=3)
         figure.tight_layout()
         figure.savefig(path, dpi=110)
         plt.close(figure)
@@ -648,7 +653,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--keep", action="store_true", help="keep the workdir (topic, S3)")
     parser.add_argument("--json", type=Path, default=Path("fullsize.json"))
     parser.add_argument("--output", type=Path, help="plots and logs (default: beside --json)")
+    parser.add_argument("--table", nargs="+", type=Path, help="print the table of results")
     args = parser.parse_args(argv)
+    if args.table:
+        print(table(args.table))
+        return {}
     if not 0 < args.scale <= 1:
         parser.error("--scale must be in (0, 1]")
     root = args.workdir or Path(tempfile.mkdtemp(prefix="bench-fullsize-"))
@@ -803,6 +812,66 @@ def rehearse(run: Run) -> None:
                 if f.is_file()
             ),
         }
+
+
+# the rows of the three-size table: stage name, the processes whose CPU is the stage's
+TABLE = (
+    ("produce completions", ("bench helper",)),
+    ("replay nodrift", ("replay worker", "replay (parent)")),
+    ("replay drift", ("replay worker", "replay (parent)")),
+    ("seal nodrift", ("seal",)),
+    ("export nodrift", ("export",)),
+    ("report nodrift", ("report",)),
+)
+
+
+def table(paths: Sequence[Path]) -> str:
+    """The markdown table of the results of several scales, side by side."""
+    results = [json.loads(Path(p).read_text()) for p in paths]
+    head = " | ".join(f"scale {r['scale']}" for r in results)
+    lines = [f"| stage: wall s / M tokens/s / CPU s per 1M tokens / peak RSS MiB | {head} |"]
+    lines.append("|---" * (len(results) + 1) + "|")
+    for name, labels in TABLE:
+        cells = []
+        for r in results:
+            stage = next((s for s in r["stages"] if s["stage"] == name), None)
+            if stage is None:
+                cells.append("not run")
+                continue
+            tokens = r["data"]["tokens"]
+            cpu = sum(stage["cpu_s"].get(label, 0.0) for label in labels)
+            rss = stage.get("peak_rss_mb") or max(
+                (stage.get("rss_mb", {}).get(label, 0.0) for label in labels), default=0.0
+            )
+            cells.append(
+                f"{stage['wall_s']:,.1f} / {tokens / stage['wall_s'] / 1e6:.2f} / "
+                f"{cpu / tokens * 1e6:.2f} / {rss:,.0f}"
+            )
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    extra = {
+        "records": lambda r: f"{r['records']:,}",
+        "tokens": lambda r: f"{r['data']['tokens']:,}",
+        "samples above 32K / 100K tokens": lambda r: (
+            f"{r['data']['above_32k']:,} / {r['data']['above_100k']:,}"
+        ),
+        "topic on disk, as produced here (uncompressed)": lambda r: (
+            f"{r['topic_bytes'] / 1e9:.2f} GB"
+        ),
+        "topic gzipped, as the pipeline stores it": lambda r: (
+            f"{r['data']['gzip_record_bytes'] / 1e9:.2f} GB"
+        ),
+        "status after seal: s / peak MiB": _status_cell,
+        "peak RSS of any process, MiB": lambda r: f"{max(r['peak_rss_mb'].values()):,.0f}",
+    }
+    for name, cell in extra.items():
+        lines.append(f"| {name} | " + " | ".join(cell(r) for r in results) + " |")
+    return "\n".join(lines)
+
+
+def _status_cell(result: dict[str, Any]) -> str:
+    seal = next((s for s in result["stages"] if s["stage"].startswith("seal")), None)
+    status = (seal or {}).get("status")
+    return f"{status['wall_s']:.1f} / {status['peak_rss_mb']:,.0f}" if status else "not run"
 
 
 def summary(result: dict[str, Any]) -> None:

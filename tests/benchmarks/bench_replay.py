@@ -82,6 +82,10 @@ CORES_16 = 16
 CAPPED_RUN_S = 75.0
 CAPPED_CPU_US_PER_TOKEN = 1.7
 TOKENS_PER_COMPLETION = 1662
+# warm runs: completions a partition through the workers before the clock starts
+WARMUP_PER_PARTITION = 2
+# warm-only runs: distinct completions made, the rest are copies under new prompt ids
+MAX_DISTINCT = 2000
 ADOPTED = re.compile(r"partition (\d+): adopted at offset (\d+) in generation (\d+)")
 
 
@@ -138,6 +142,7 @@ class WarmFigures:
     # seconds from the start to each worker's last partition being caught up
     finished_s: list[float] = field(default_factory=list)
     rows_per_window: float = 0.0
+    warmup: int = 0  # completions through the workers before the clock (not counted)
 
     def budget_use(self, seconds: float) -> float:
         """The workers' CPU over their budgets (or over the machine when uncapped)."""
@@ -145,13 +150,35 @@ class WarmFigures:
         return sum(self.worker_cpu_s) / (cores * len(self.worker_cpu_s) * seconds)
 
 
-def _keyed(records: list[bytes]) -> list[tuple[bytes, bytes]]:
+Keyed = tuple[bytes, bytes, int | None]  # key, value, partition (None: by the key)
+
+
+def _keyed(records: list[bytes], count: int | None = None) -> list[Keyed]:
     """(key, value) as the generate stage sends them: keyed by prompt_id, so every run puts
-    the same completions on the same partitions. Encoded before any clock starts."""
-    return [(str(orjson.loads(raw)["prompt_id"]).encode(), raw) for raw in records]
+    the same completions on the same partitions. `count` beyond the distinct records: copies
+    under new prompt ids (the text is what costs, not its novelty). Encoded before any clock
+    starts."""
+    count = len(records) if count is None else count
+    keyed: list[Keyed] = []
+    for index in range(count):
+        record = orjson.loads(records[index % len(records)])
+        if index >= len(records):
+            record["prompt_id"] = f"p{index:07d}"
+        keyed.append((str(record["prompt_id"]).encode(), orjson.dumps(record), None))
+    return keyed
 
 
-async def _produce_fast(kafka: KafkaSettings, records: list[tuple[bytes, bytes]]) -> dict[int, int]:
+def _warmup(records: list[Keyed], per_partition: int) -> list[Keyed]:
+    """Completions under prompt ids of their own, `per_partition` on every partition."""
+    chosen = []
+    for index in range(PARTITIONS * per_partition):
+        record = orjson.loads(records[index % len(records)][1])
+        record["prompt_id"] = f"warmup-{index:05d}"
+        chosen.append((record["prompt_id"].encode(), orjson.dumps(record), index % PARTITIONS))
+    return chosen
+
+
+async def _produce_fast(kafka: KafkaSettings, records: list[Keyed]) -> dict[int, int]:
     """Sends pre-encoded records in large batches; returns each partition's end offset."""
     producer = AIOKafkaProducer(
         **kafka.aiokafka_kwargs(),
@@ -162,7 +189,10 @@ async def _produce_fast(kafka: KafkaSettings, records: list[tuple[bytes, bytes]]
     await producer.start()
     try:
         topic = kafka.topic(COMPLETIONS)
-        sends = [await producer.send(topic, value, key=key) for key, value in records]
+        sends = [
+            await producer.send(topic, value, key=key, partition=partition)
+            for key, value, partition in records
+        ]
         sent = await asyncio.gather(*sends)
     finally:
         await producer.stop()
@@ -173,7 +203,7 @@ async def _produce_fast(kafka: KafkaSettings, records: list[tuple[bytes, bytes]]
 
 
 async def _timed(
-    kafka: KafkaSettings, group: str, records: list[tuple[bytes, bytes]], timeout_s: float
+    kafka: KafkaSettings, group: str, records: list[Keyed], timeout_s: float
 ) -> tuple[float, dict[int, int], dict[int, float], int]:
     """Produce, then poll the group's committed offsets every 0.2 s (one admin client; `seal`
     polls every 2 s) until all are committed. Returns (producing s, committed offsets, per
@@ -247,13 +277,15 @@ def run_warm(
     out: Path,
     workers: int,
     run: str,
-    records: list[tuple[bytes, bytes]],
+    records: list[Keyed],
     caps: CpuCaps | None = None,
+    warmup: int = 0,
 ) -> Result:
     """Workers started on empty topics of their own (each in its CPU group from its start,
     with `caps`), joined and with their encoder ready; then the completions are produced by
     this process (outside the groups). Timed from the first send to the version caught up;
-    CPU is the workers' over that time."""
+    CPU is the workers' over that time. `warmup`: that many completions per partition
+    (not counted) go through the workers before the clock starts."""
     kafka = kafka.model_copy(update={"topic_prefix": f"{kafka.topic_prefix}w{workers}r{run}-"})
     asyncio.run(ensure_topics(kafka))
     dataset = f"warm-{workers}-{run}"
@@ -269,11 +301,22 @@ def run_warm(
         group = f"draftgen-tokenize-{dataset}"
         wait_for(lambda: _ready(procs, kafka, group), 600, "the workers joined, encoders ready")
         pids = [p.pid for p in procs if p.pid is not None]
+        warm_samples = warm_tokens = 0
+        if warmup:
+            # a few completions on every partition, committed before the clock: the workers
+            # have adopted their partitions and written a shard (the first one imports pandas
+            # through pyarrow: seconds of CPU)
+            _, warm_offsets, _, _ = asyncio.run(
+                _timed(kafka, kafka.group(group), _warmup(records, warmup), 600)
+            )
+            warmed = store.seal(warm_offsets)
+            warm_samples, warm_tokens = warmed.samples, warmed.tokens
         idle0 = sum(cpu_s(pid) for pid in pids)
         time.sleep(2.0)  # a worker's own cost while it waits: heartbeats, timers, fetches
         idle_cpu_per_s = (sum(cpu_s(pid) for pid in pids) - idle0) / 2.0 / len(pids)
         cpu0 = [cpu_s(pid) for pid in pids]
         throttled0 = [g.throttling() for g in groups]
+        wall0 = time.time()
         producing_s, committed, done, lag = asyncio.run(
             _timed(kafka, kafka.group(group), records, 3600)
         )
@@ -288,8 +331,8 @@ def run_warm(
         for proc in procs:
             proc.stop()
     manifest = store.seal(committed)
-    markers = store.markers()
-    superseded = len(store.committed().superseded)
+    markers = [m for m in store.markers() if m.written_at >= wall0]  # of the timed run
+    superseded = [m for m in store.committed().superseded if m.written_at >= wall0]
     extra = WarmFigures(
         quota=caps.quota_cores if caps is not None else None,
         worker_cpu_s=cpu,
@@ -297,18 +340,19 @@ def run_warm(
         idle_cpu_per_s=idle_cpu_per_s,
         lag_after_producing=lag,
         windows=len(markers),
-        superseded=superseded,
+        superseded=len(superseded),
         generations=sorted({m.generation for m in markers}),
         readopted=sum(int(o) > 0 for log in logs for _, o, _ in ADOPTED.findall(log)),
         finished_s=_finished(logs, done),
         rows_per_window=sum(m.rows for m in markers) / max(len(markers), 1),
+        warmup=warm_samples,
     )
     return Result(
         workers,
         seconds,
         seconds,
-        manifest.samples,
-        manifest.tokens,
+        manifest.samples - warm_samples,
+        manifest.tokens - warm_tokens,
         sum(cpu),
         rss,
         producing_s,
@@ -353,6 +397,14 @@ def main(argv: list[str] | None = None) -> dict[int, list[Result]]:
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny sizes")
     parser.add_argument("--warm-only", action="store_true", help="no cold runs, no baseline")
     parser.add_argument(
+        "--warmup",
+        type=int,
+        default=WARMUP_PER_PARTITION,
+        metavar="N",
+        help="warm runs: N completions a partition through the workers before the clock "
+        "(not counted; 0: none, the clock then includes the first shard's imports)",
+    )
+    parser.add_argument(
         "--cpu-quota",
         type=float,
         metavar="CORES",
@@ -388,8 +440,11 @@ def main(argv: list[str] | None = None) -> dict[int, list[Result]]:
                 partitions=PARTITIONS,
             )
             tokenizer = build_qwen36_tokenizer(root / "qwen36-real", vocab="qwen")
-            records, texts = make_data(tokenizer, args.completions)
-            keyed = _keyed(records)
+            # warm only: at most MAX_DISTINCT distinct completions (making one costs ~15 ms),
+            # copied under new prompt ids up to the count
+            distinct = min(args.completions, MAX_DISTINCT) if args.warm_only else args.completions
+            records, texts = make_data(tokenizer, distinct)
+            keyed = _keyed(records, args.completions)
             baseline: list[Measure] = []
             data = root / "data.json"
             if not args.warm_only:
@@ -407,7 +462,15 @@ def main(argv: list[str] | None = None) -> dict[int, list[Result]]:
                 for n in counts:
                     with cpu_caps(quota) if quota else _no_caps() as caps:
                         result = run_warm(
-                            stack, kafka, tokenizer, root / "out", n, str(run), keyed, caps
+                            stack,
+                            kafka,
+                            tokenizer,
+                            root / "out",
+                            n,
+                            str(run),
+                            keyed,
+                            caps,
+                            args.warmup,
                         )
                     warm[n].append(result)
                     _print_warm_run(result)
@@ -450,8 +513,9 @@ def report_warm(
     base_use = median([r.extra.budget_use(r.seconds) for r in first if r.extra])
     capped = f"each worker capped at {quota} core" if quota else "uncapped"
     print(
-        f"warm workers, {capped} (joined, encoders ready, then the {args.completions} "
-        "completions produced): from the first send to the version caught up"
+        f"warm workers, {capped} (joined, encoders ready, {args.warmup} completions a "
+        f"partition through them, then the {args.completions} completions produced): from "
+        "the first send to the version caught up"
     )
     print(
         "workers  s (min–max)          tokens/s   ratio  eff.  producing s  CPU µs/token  "

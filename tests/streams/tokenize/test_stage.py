@@ -19,7 +19,7 @@ from streams.core.records import CompletionRecord, DeadLetter
 from streams.core.retry import Backoff
 from streams.core.settings import KafkaSettings
 from streams.tokenize.samples import DriftCause, Sample, SampleBuilder, SampleError
-from streams.tokenize.stage import TokenizeWorker
+from streams.tokenize.stage import BUILD_TOKENS, TokenizeWorker
 from tests.bad_records import BAD_SHAPES, COMPLETION_FIELDS, completion_dict, with_field
 from tests.ids import as_list
 
@@ -104,6 +104,7 @@ class Stage:
     ):
         self.log: list[tuple[Any, ...]] = []
         self.values: list[bytes] = []  # the dead letters as sent
+        self.values_added: list[bytes] = []  # the records consumed
         self.now = 0.0
         self.store = ShardStore(str(tmp_path), "v1")
         self.builder = FakeBuilder()
@@ -142,13 +143,14 @@ class Stage:
         self.log.append(("dead_letter", topic, key, letter.kind, letter.prompt_id, markers))
 
     async def add(self, value: bytes, key: bytes | None = None, partition: int = 0) -> None:
+        self.values_added.append(value)
         event = FakeEvent(Message(TP("completions", partition), self.offset), key, value, self.log)
         self.offset += 1
         await self.worker.sink.add(event)
         await self.worker.sink.drain()  # a flush it started is done: the tests look at once
 
     async def complete(
-        self, pid: str, content: str = "ok", server: str = "s", last: int = 5
+        self, pid: str, content: str = "ok", server: str = "s", last: int = 5, tokens: int = 5
     ) -> None:
         """A completion of `pid`; `last` is its answer's last token (tells answers apart)."""
         record = CompletionRecord(
@@ -158,7 +160,7 @@ class Stage:
             prompt_token_ids=[1, 2],
             output_token_ids=[3, 4, last],
             server=server,
-            usage={"total_tokens": 5},
+            usage={"total_tokens": tokens},
         )
         await self.add(record.encode(), key=pid.encode())
 
@@ -328,8 +330,8 @@ def test_open_windows_are_flushed_to_stay_within_the_memory_budget(tmp_path: Pat
 
     async def run() -> None:
         await stage.complete("a")
-        record_size = sink.stats.open_bytes  # a completion counts its record's size
-        assert record_size > 0
+        record_size = sink.stats.open_bytes  # a completion counts its bytes and decoded form
+        assert record_size == 2 * len(stage.values_added[0])
         sink.max_open_bytes = 2 * record_size + record_size // 2
         await stage.complete("b")
         assert stage.acks() == []
@@ -377,6 +379,19 @@ def test_a_window_is_built_in_one_batch(tmp_path: Path) -> None:
     row = stage.store.read_table().to_pylist()[0]
     assert (row["input_ids"], row["loss_mask"]) == ([1, 2, 3, 4, 5], [0, 0, 1, 1, 1])
     assert orjson.loads(Path(stage.store.layout.marker(0, 0)).read_bytes())["rows"] == 4
+
+
+def test_a_large_window_is_built_in_batches_of_bounded_tokens_in_order(tmp_path: Path) -> None:
+    """A window's texts and encoded ids are held per batch, not for the whole window."""
+    stage = Stage(tmp_path, shard_max_records=5, shard_max_tokens=10 * BUILD_TOKENS)
+
+    async def run() -> None:
+        for pid in "abcde":
+            await stage.complete(pid, tokens=BUILD_TOKENS // 2 + 1)
+
+    asyncio.run(run())
+    assert stage.builder.batches == [["a", "b"], ["c", "d"], ["e"]]
+    assert stage.store.read_table().column("prompt_id").to_pylist() == list("abcde")
 
 
 def test_each_wrong_field_and_shape_is_one_dead_letter_and_the_rest_is_written(
