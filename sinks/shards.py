@@ -211,8 +211,9 @@ class ShardStore:
     ) -> Resolution:
         """What the version holds now: the windows that count and each prompt's latest outcome;
         with `offsets` (the group's committed offsets), only what is settled below them.
-        Resolved a partition at a time (sinks/resolve.py): the windows come without their
-        per-row lists, and `samples` holds the prompt ids only with `keep_ids`."""
+        Resolved a partition at a time (sinks/resolve.py); without `keep_ids` no prompt id is
+        kept (`sample_count` counts them) and the windows come without their per-row lists,
+        so memory does not grow with the version."""
         resolution = resolve_partitions(self.markers_by_partition(), offsets, keep_ids=keep_ids)
         return resolution if resolution is not None else resolve(self.markers(), offsets)
 

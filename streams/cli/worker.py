@@ -63,6 +63,7 @@ def run_tokenize(
     (a CliError) or add to the manifest written at start (replay does both)."""
     from sinks.shards import ShardStore
     from streams.core.faust_app import run_worker
+    from streams.core.memory import limit_malloc_arenas
     from streams.core.tokenizers import load_tokenizer
     from streams.core.topics import ensure_topics
     from streams.tokenize.app import build_tokenize_app, manifest
@@ -70,6 +71,7 @@ def run_tokenize(
     file = settings_file(args)
     settings = build(TokenizeSettings, args, base=file.get("tokenize"))
     observe = build(ObserveSettings, args, base=file.get("observe"))
+    limit_malloc_arenas()  # before the tokenizer's and the worker's threads
     loaded = load_tokenizer(settings.tokenizer_dir, settings.chat_template_file, settings.family)
     out = settings.storage.out
     try:
