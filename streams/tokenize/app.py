@@ -10,7 +10,7 @@ from typing import Any
 
 import faust
 
-from sinks.shards import ShardStore
+from sinks.shards import ShardStore, rows_to_table
 from sinks.sink import SinkStats
 from streams.core.crash_guard import CrashGuard
 from streams.core.faust_app import consume, create_app, kafka_sender, raw_topic
@@ -111,6 +111,9 @@ def build_tokenize_app(
             # and check it against the tokenizer meanwhile (~3 s for Qwen's vocabulary)
             # (idempotent; the first batch waits for it if it is not done)
             asyncio.get_running_loop().run_in_executor(None, worker.builder.encoder.prepare)
+        # pyarrow imports pandas at its first array from a list (~2 s of CPU): paid while the
+        # group is joined, not inside the first window's write
+        asyncio.get_running_loop().run_in_executor(None, rows_to_table, [])
         # Acks are ours: a window's events are acked after its shard and marker are written.
         await consume(stream, guard, worker.sink.add)
 

@@ -44,12 +44,13 @@ import contextlib
 import math
 import os
 import re
+import shlex
 import statistics
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,9 +79,9 @@ KIMI_RUN_TOKENS = 1_870_000_000
 KIMI_RUN_SAMPLES = 902_087
 CORES_16 = 16
 # the default size of a capped warm run: the largest worker count at the cap runs this long,
-# from the CPU a token cost capped (~1.4–1.7 µs) and the tokens of a completion (~1,660)
-CAPPED_RUN_S = 75.0
-CAPPED_CPU_US_PER_TOKEN = 1.7
+# from the CPU a token costs capped (1.7–2.0 µs measured) and the tokens of a completion
+CAPPED_RUN_S = 64.0
+CAPPED_CPU_US_PER_TOKEN = 1.9
 TOKENS_PER_COMPLETION = 1662
 # warm runs: completions a partition through the workers before the clock starts
 WARMUP_PER_PARTITION = 2
@@ -143,6 +144,8 @@ class WarmFigures:
     finished_s: list[float] = field(default_factory=list)
     rows_per_window: float = 0.0
     warmup: int = 0  # completions through the workers before the clock (not counted)
+    ready_s: float = 0.0  # from the spawn to joined with the encoder ready (capped too)
+    warmup_cpu_s: float = 0.0  # a worker's CPU for the warm-up completions
 
     def budget_use(self, seconds: float) -> float:
         """The workers' CPU over their budgets (or over the machine when uncapped)."""
@@ -280,6 +283,7 @@ def run_warm(
     records: list[Keyed],
     caps: CpuCaps | None = None,
     warmup: int = 0,
+    worker_args: Sequence[str] = (),
 ) -> Result:
     """Workers started on empty topics of their own (each in its CPU group from its start,
     with `caps`), joined and with their encoder ready; then the completions are produced by
@@ -291,6 +295,7 @@ def run_warm(
     dataset = f"warm-{workers}-{run}"
     store = ShardStore(str(out), dataset)
     argv = ["--log-level", "INFO", *_replay_argv(kafka, tokenizer, out, dataset)]  # ready line
+    argv += worker_args
     procs: list[ManagedProcess] = []
     groups: list[CpuGroup] = []
     try:
@@ -299,9 +304,12 @@ def run_warm(
             if caps is not None and procs[-1].pid is not None:
                 groups.append(caps.cap(procs[-1].pid, f"{dataset}-{i}"))
         group = f"draftgen-tokenize-{dataset}"
+        spawned = time.monotonic()
         wait_for(lambda: _ready(procs, kafka, group), 600, "the workers joined, encoders ready")
+        ready_s = time.monotonic() - spawned
         pids = [p.pid for p in procs if p.pid is not None]
         warm_samples = warm_tokens = 0
+        warm_cpu0 = sum(cpu_s(pid) for pid in pids)
         if warmup:
             # a few completions on every partition, committed before the clock: the workers
             # have adopted their partitions and written a shard (the first one imports pandas
@@ -311,6 +319,7 @@ def run_warm(
             )
             warmed = store.seal(warm_offsets)
             warm_samples, warm_tokens = warmed.samples, warmed.tokens
+        warmup_cpu_s = (sum(cpu_s(pid) for pid in pids) - warm_cpu0) / len(pids)
         idle0 = sum(cpu_s(pid) for pid in pids)
         time.sleep(2.0)  # a worker's own cost while it waits: heartbeats, timers, fetches
         idle_cpu_per_s = (sum(cpu_s(pid) for pid in pids) - idle0) / 2.0 / len(pids)
@@ -346,6 +355,8 @@ def run_warm(
         finished_s=_finished(logs, done),
         rows_per_window=sum(m.rows for m in markers) / max(len(markers), 1),
         warmup=warm_samples,
+        ready_s=ready_s,
+        warmup_cpu_s=warmup_cpu_s,
     )
     return Result(
         workers,
@@ -403,6 +414,12 @@ def main(argv: list[str] | None = None) -> dict[int, list[Result]]:
         metavar="N",
         help="warm runs: N completions a partition through the workers before the clock "
         "(not counted; 0: none, the clock then includes the first shard's imports)",
+    )
+    parser.add_argument(
+        "--worker-args",
+        default="",
+        metavar="ARGS",
+        help='warm runs: more flags for the replay workers, e.g. "--max-open-bytes 1073741824"',
     )
     parser.add_argument(
         "--cpu-quota",
@@ -471,6 +488,7 @@ def main(argv: list[str] | None = None) -> dict[int, list[Result]]:
                             keyed,
                             caps,
                             args.warmup,
+                            shlex.split(args.worker_args),
                         )
                     warm[n].append(result)
                     _print_warm_run(result)
@@ -490,7 +508,9 @@ def _print_warm_run(r: Result) -> None:
     x = r.extra
     assert x is not None
     print(
-        f"  {r.workers} workers: {r.seconds:.1f} s, {r.tokens:,} tokens, producing "
+        f"  {r.workers} workers (ready in {x.ready_s:.0f} s; {x.warmup} completions to warm "
+        f"up, {x.warmup_cpu_s:.1f} CPU s a worker): {r.seconds:.1f} s, {r.tokens:,} tokens, "
+        f"producing "
         f"{r.producing_s:.1f} s (lag then {x.lag_after_producing}), workers' CPU "
         f"{' '.join(f'{c:.1f}' for c in x.worker_cpu_s)} s, budget use "
         f"{x.budget_use(r.seconds):.0%}, idle {x.idle_cpu_per_s * 1000:.0f} ms/s a worker, "
@@ -512,6 +532,8 @@ def report_warm(
     base_cpu = median([r.cpu_us_per_token for r in first])
     base_use = median([r.extra.budget_use(r.seconds) for r in first if r.extra])
     capped = f"each worker capped at {quota} core" if quota else "uncapped"
+    if args.worker_args:
+        capped += f", workers given {args.worker_args}"
     print(
         f"warm workers, {capped} (joined, encoders ready, {args.warmup} completions a "
         f"partition through them, then the {args.completions} completions produced): from "
