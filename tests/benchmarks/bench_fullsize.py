@@ -4,6 +4,7 @@ sampled over the whole run (issue 23).
 
     .venv/bin/python tests/benchmarks/bench_fullsize.py --scale 0.01 [--workers 2] \\
         [--json fullsize.json] [--workdir DIR] [--keep]
+    .venv/bin/python tests/benchmarks/bench_fullsize.py --table a.json b.json c.json
 
 Scale 1.0 is the seed run: 902,087 completions, ~1.87B tokens. What it does, in order:
 
@@ -15,23 +16,24 @@ Scale 1.0 is the seed run: 902,087 completions, ~1.87B tokens. What it does, in 
    samples are above 32K tokens and a few near 128K. The server's ids are in every record,
    packed as the generate worker writes them; they are the template rendering's own ids, so
    the drift check compares every sample and finds none.
-2. Produces `scale × 902,087` completion records onto the `completions` topic (64 partitions,
-   the pipeline's own producer settings: gzip, its size limit), each a pool record under a new
-   prompt id, picked so the lengths follow the mix. How reuse flatters: the encoder has no
-   cache across texts (tiktoken's BPE) and gzip sees one record per batch, so neither gains;
-   the page cache and the broker see the same bytes as in any run of that size. What it does
-   not cover: a pool record's text repeats every ~4,000 records, so CPU branch predictors and
-   allocators see familiar shapes; per-sample work is the same.
-3. `draftgen replay --workers N` into `s3://` on SeaweedFS, with the drift check (the default),
-   until its group has committed every offset; then again into a second version with
-   `--no-drift`. Then `seal`, `status`, `export --format specforge` and `report` on each
-   (export and report on the `--no-drift` version only, `--export-versions` to change).
+2. Produces `scale × 902,087` completion records onto the `completions` topic (64 partitions),
+   each a pool record under a new prompt id, picked so the lengths follow the mix, from
+   `--producers` processes. Uncompressed by default (`--compression`): the pipeline's
+   producers gzip at level 9, too slow for 15 GB here; the gzipped size is measured on the
+   pool. How reuse flatters: the encoder keeps no cache across texts (tiktoken's BPE); the page
+   cache and the broker see as many bytes as in a run of that size; a pool record's text
+   recurs every ~4,000 records, so allocators and branch predictors see familiar shapes.
+3. For each of `--versions` (default `nodrift,drift`): `draftgen replay --workers N` into
+   `s3://` on SeaweedFS (`--no-drift`, or the drift check, the default) until its group has
+   committed every offset, with one `status` while it is half done; then `seal`, `status`
+   and the version's S3 objects and bytes. After the first: `export --format specforge` and
+   `report` of it.
 
-Measured per stage: wall time, tokens/s, CPU seconds per 1M tokens (the stage's own processes,
-and the broker's and SeaweedFS's share apart), peak RSS of each process (VmHWM; one-shot
-commands through wait4), the topic's size on disk, S3 objects and bytes per version. A sampler
-reads every process's RSS once a second over the whole run; `rss.png` plots it with the stages
-marked. Everything goes to the JSON result and a summary on stdout.
+Measured per stage: wall time, tokens/s, CPU seconds per 1M tokens (by process: the stage's own,
+the broker's, SeaweedFS's), peak RSS by process (one-shot commands' own, through wait4), the
+topic's size on disk. A sampler reads every process's RSS and CPU twice a second over the whole
+run; `rss.png` plots it with the stages marked. Everything goes to the JSON result (written
+after each version, so a run cut short keeps what it measured) and a summary on stdout.
 """
 
 from __future__ import annotations
@@ -576,8 +578,6 @@ class Run:
         return ["--bootstrap", self.kafka.bootstrap, "--topic-prefix", self.kafka.topic_prefix]
 
     def replay(self, dataset: str, *flags: str) -> dict[str, Any]:
-        from streams.core.settings import KafkaSettings  # noqa: F401 (typing of self.kafka)
-
         argv = draftgen(
             "replay", "--workers", str(self.args.workers), "--tokenizer", str(self.tokenizer),
             "--out", self.out, "--dataset", dataset, "--partitions", str(PARTITIONS),
