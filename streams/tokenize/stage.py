@@ -3,9 +3,9 @@
 The stage decides what each consumed completion becomes: an item of its partition's window
 keyed by prompt_id (a later completion of the same prompt replaces it: latest answer wins), or
 the dead letter of an undecodable record. At flush the sink hands the window back: samples are
-built in one batch, those that fail become recorded drops (in the marker) and dead letters
-(sent before the sink writes the marker). Windows, markers, fencing, retries of storage I/O and
-acks are the sink's (`sinks/sink.py`).
+built in batches of BUILD_TOKENS, those that fail become recorded drops (in the marker) and
+dead letters (sent before the sink writes the marker). Windows, markers, fencing, retries of
+storage I/O and acks are the sink's (`sinks/sink.py`).
 """
 
 from __future__ import annotations
