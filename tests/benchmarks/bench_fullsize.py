@@ -199,17 +199,9 @@ def make_pool(tokenizer_dir: Path, size: int, seed: int) -> tuple[list[bytes], n
     mix's quantiles, plus the TAIL; ids are the stage's own rendering (the tokenizer's encoder)."""
     from statistics import NormalDist
 
-    from streams.core.tokenizers import load_tokenizer
-    from streams.tokenize.samples import SampleBuilder
+    from tests.benchmarks.bench_tokenize import rendering_builder
 
-    loaded = load_tokenizer(tokenizer_dir)
-    builder = SampleBuilder(
-        loaded.tokenizer,
-        loaded.profile,
-        prefer="rendered",
-        measure_drift=False,
-        encoder="tokenizer",
-    )
+    builder = rendering_builder(tokenizer_dir)
     rng = random.Random(seed)
     text = _Text(rng)
     normal = NormalDist()

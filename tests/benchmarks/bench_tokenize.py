@@ -86,21 +86,27 @@ def _corpus() -> str:
     return "\n".join(Path(f).read_text(encoding="utf-8", errors="replace") for f in files)
 
 
-def make_data(tokenizer_dir: Path, count: int, seed: int = 0) -> tuple[list[bytes], list[str]]:
-    """(encoded completion records with the server's ids, the texts encode_batch_fast gets)."""
-    from streams.core.records import CompletionRecord
+def rendering_builder(tokenizer_dir: Path) -> Any:
+    """The stage's sample builder rendering with the tokenizer's own encoder: what the
+    benchmarks make the server's ids with (the drift mode then checks the twin too)."""
     from streams.core.tokenizers import load_tokenizer
     from streams.tokenize.samples import SampleBuilder
 
     loaded = load_tokenizer(tokenizer_dir)
-    builder = SampleBuilder(
-        # the server's ids are the tokenizer's own: the drift mode then checks the twin too
+    return SampleBuilder(
         loaded.tokenizer,
         loaded.profile,
         prefer="rendered",
         measure_drift=False,
         encoder="tokenizer",
     )
+
+
+def make_data(tokenizer_dir: Path, count: int, seed: int = 0) -> tuple[list[bytes], list[str]]:
+    """(encoded completion records with the server's ids, the texts encode_batch_fast gets)."""
+    from streams.core.records import CompletionRecord
+
+    builder = rendering_builder(tokenizer_dir)
     corpus = _corpus()
     rng = random.Random(seed)
 
