@@ -140,6 +140,13 @@ class CpuCaps:
         (path / "cgroup.procs").write_text(str(pid))
         return group
 
+    def set_quota(self, quota_cores: float) -> None:
+        """A new quota for every group of this block, and for those made later."""
+        self.quota_cores = quota_cores
+        for group in self.groups:
+            (group.path / "cpu.cfs_quota_us").write_text(str(round(quota_cores * self.period_us)))
+        self.groups = [CpuGroup(g.path, quota_cores) for g in self.groups]
+
     def close(self) -> list[str]:
         """Move what is left to the root group and remove the groups; returns problems."""
         problems: list[str] = []
