@@ -21,8 +21,8 @@ from streams.tokenize.samples import (
     Sample,
     SampleBuilder,
     SampleError,
-    template_tools,
 )
+from streams.core.serving import NEWEST
 from tests.ids import as_list
 
 FAMILIES = ("qwen36", "kimi_k26")
@@ -46,7 +46,7 @@ class Family:
             messages = _decoded(messages)
         text = self.tokenizer.apply_chat_template(
             messages,
-            tools=template_tools(tools),  # as SGLang passes them
+            tools=NEWEST.tools(tools),  # as SGLang passes them
             tokenize=False,
             **self.profile.template_kwargs(True),
             **kwargs,
@@ -760,8 +760,8 @@ def test_prefer_must_be_a_token_source(fam: Family) -> None:
 
 
 def test_prompt_with_tools_renders_as_the_server_renders_it(fam: Family) -> None:
-    """SGLang hands the template each tool's function, not the OpenAI wrapper: the rendered
-    prompt must be the server's, or every prompt with tools would count as drift."""
+    """SGLang hands the template its dump of each tool: the rendered prompt must be the
+    server's, or every prompt with tools would count as drift."""
     from compose.emulator.chat import parse_chat_request, render_prompt
     from compose.emulator.model import EmulatedModel
 
@@ -771,6 +771,8 @@ def test_prompt_with_tools_renders_as_the_server_renders_it(fam: Family) -> None
         "tools": TOOLS,
         "chat_template_kwargs": fam.profile.template_kwargs(True),
     }
-    server_text, _ = render_prompt(EmulatedModel(fam.directory), parse_chat_request(request))
+    model = EmulatedModel(fam.directory)
+    chat = parse_chat_request(request, NEWEST, model.content_format)
+    server_text, _ = render_prompt(model, chat)
     completion = CompletionRecord(prompt_id="p", messages=messages, tools=TOOLS, content="x")
     assert fam.builder().render(completion).prompt == server_text
