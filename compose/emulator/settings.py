@@ -76,7 +76,9 @@ class EmulatorSettings:
         if self.ids_style not in IDS_STYLES:
             raise ValueError(f"ids_style must be one of {IDS_STYLES}, got {self.ids_style!r}")
         if parse_version(self.sglang_version) is None:
-            raise ValueError(f"sglang_version must be a version like 0.5.23, got {self.sglang_version!r}")
+            raise ValueError(
+                f"sglang_version must be a version like 0.5.23, got {self.sglang_version!r}"
+            )
         if self.auth_status not in (401, 403):
             raise ValueError(f"auth_status must be 401 or 403, got {self.auth_status}")
         if self.min_output_tokens < 1 or self.max_output_tokens < self.min_output_tokens:

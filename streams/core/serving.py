@@ -172,9 +172,7 @@ class ServerNormalization:
         return self.messages(messages, content_format), self.tools(tools, tool_choice)
 
 
-def _function_in_caller_order(
-    function: Mapping[str, Any], tool_defer: Any
-) -> dict[str, Any]:
+def _function_in_caller_order(function: Mapping[str, Any], tool_defer: Any) -> dict[str, Any]:
     """0.5.23's `Function` dump: its fields, `strict` and `defer_loading` only when set, in the
     order the caller sent them; declared fields the caller left out follow (as None)."""
     defer = function.get("defer_loading")
@@ -256,8 +254,7 @@ def _join_tool_text(content: Any) -> Any:
     if not isinstance(content, list):
         return content
     if all(
-        (isinstance(p, Mapping) and p.get("type") == "text") or isinstance(p, str)
-        for p in content
+        (isinstance(p, Mapping) and p.get("type") == "text") or isinstance(p, str) for p in content
     ):
         return " ".join(p.get("text", "") if isinstance(p, Mapping) else p for p in content)
     return content
@@ -318,7 +315,7 @@ def profile_named(name: str | None) -> ServerNormalization:
 
 
 def detect_content_format(template: str | None) -> ContentFormat:
-    """"openai" when the template loops over a message's content (or mentions media), else
+    """ "openai" when the template loops over a message's content (or mentions media), else
     "string", as SGLang decides how to flatten list content."""
     if not template:
         return "string"

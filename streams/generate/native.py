@@ -23,9 +23,13 @@ from typing import Any
 
 from streams.core.parsers import parse, split_reasoning, tool_start_token
 from streams.core.records import PromptRecord
+from streams.core.serving import (
+    NEWEST,
+    NormalizationError,
+    ServerNormalization,
+    detect_content_format,
+)
 from streams.core.settings import SamplingSettings
-from streams.core.serving import NEWEST, NormalizationError, ServerNormalization
-from streams.core.serving import detect_content_format
 from streams.core.tokenizers import LoadedTokenizer
 
 
@@ -72,9 +76,7 @@ class NativeChat:
     def render(self, prompt: PromptRecord) -> NativePrompt:
         return self.render_messages(prompt.messages, prompt.tools)
 
-    def render_messages(
-        self, messages: Any, tools: Any, tool_choice: Any = "auto"
-    ) -> NativePrompt:
+    def render_messages(self, messages: Any, tools: Any, tool_choice: Any = "auto") -> NativePrompt:
         """The prompt ids SGLang's chat endpoint of the profile's versions would use for this
         request (the same preprocessing, template and kwargs)."""
         normalization = self.normalization

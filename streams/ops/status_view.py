@@ -334,7 +334,15 @@ def render_text(snapshot: StatusSnapshot) -> str:
         lines += ["", f"datasets in {s.out}"]
         if s.datasets:
             lines += table(
-                ["dataset", "samples", "tokens", "loss tokens", "shards", "duplicates", "rendered as"],
+                [
+                    "dataset",
+                    "samples",
+                    "tokens",
+                    "loss tokens",
+                    "shards",
+                    "duplicates",
+                    "rendered as",
+                ],
                 [
                     [
                         d.dataset,

@@ -26,10 +26,10 @@ from compose.tiny_tokenizers import build_kimi_k26_tokenizer, build_qwen36_token
 from streams.core.normalize import make_prompt_record
 from streams.core.records import CompletionRecord
 from streams.core.serving import (
+    BY_NAME,
     NEWEST,
     PROFILE_NAMES,
     PROFILES,
-    BY_NAME,
     NormalizationError,
     detect_content_format,
     profile_for_version,

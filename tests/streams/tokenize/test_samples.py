@@ -16,13 +16,13 @@ from hypothesis import strategies as st
 
 from streams.core.families import FamilyProfile, detect_family
 from streams.core.records import CompletionRecord
+from streams.core.serving import NEWEST
 from streams.tokenize.samples import (
     DriftCause,
     Sample,
     SampleBuilder,
     SampleError,
 )
-from streams.core.serving import NEWEST
 from tests.ids import as_list
 
 FAMILIES = ("qwen36", "kimi_k26")
