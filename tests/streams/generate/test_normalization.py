@@ -10,6 +10,7 @@ drift cause.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import typing
 from dataclasses import dataclass
@@ -433,3 +434,40 @@ def test_content_format_detection(targets: dict[str, Target]) -> None:
     assert detect_content_format("{% for c in m.content | list %}{{ c }}{% endfor %}") == "openai"
     for target in targets.values():  # both mention images: SGLang's shortcut says openai
         assert target.model.content_format == "openai"
+
+
+def test_a_normalization_difference_is_its_own_drift_cause(targets: dict[str, Target]) -> None:
+    """A server that preprocessed as 0.5.11 while the record says 0.5.23: the prompt drifts,
+    and the cause names the profile that renders the server's ids, not a token pair."""
+    target = targets["qwen36"]
+    kwargs = target.loaded.profile.template_kwargs(True)
+    record = CompletionRecord(
+        prompt_id="p",
+        messages=CASES["tools"].messages,
+        tools=CASES["tools"].tools,
+        content="It is sunny.",
+        reasoning_content="Easy.\n",
+        finish_reason="stop",
+        sampling={"chat_template_kwargs": kwargs},
+        normalization=NEWEST.name,
+    )
+    builder = SampleBuilder(target.loaded.tokenizer, target.loaded.profile)
+    old_prompt = builder.render_prompt(record, BY_NAME["sglang-0.5.11"])
+    turn = builder.render(record).turn
+    served = replace_ids(record, target.model.encode(old_prompt), target.model.encode(turn))
+    sample = builder.build(served)
+    assert sample.drift is True
+    assert sample.normalization == "sglang-0.5.23"
+    assert sample.drift_cause is not None
+    assert sample.drift_cause.key == "prompt normalization: the server rendered as sglang-0.5.11"
+    # rendered as the server did, it does not drift
+    agreeing = builder.build(
+        replace_ids(
+            served, target.model.encode(builder.render_prompt(record)), target.model.encode(turn)
+        )
+    )
+    assert (agreeing.drift, agreeing.drift_cause) == (False, None)
+
+
+def replace_ids(record: CompletionRecord, prompt: list[int], output: list[int]) -> CompletionRecord:
+    return dataclasses.replace(record, prompt_token_ids=prompt, output_token_ids=output)
