@@ -44,6 +44,7 @@ from streams.core.records import CompletionRecord, Message, equal_fields
 from streams.core.serving import (
     NEWEST,
     PROFILES,
+    ContentFormat,
     NormalizationError,
     ServerNormalization,
     detect_content_format,
@@ -170,8 +171,8 @@ class SampleBuilder:
         self._explicit_kwargs = dict(template_kwargs or {})
         self._vocab_size = len(tokenizer)
         self.encoder = TextEncoder(tokenizer, encoder)
-        # how SGLang flattens list content for this template
-        self.content_format = detect_content_format(getattr(tokenizer, "chat_template", None))
+        # how SGLang flattens list content for this template (read when first rendering)
+        self._content_format: ContentFormat | None = None
 
     # -- public ---------------------------------------------------------------------------
 
@@ -256,6 +257,13 @@ class SampleBuilder:
             raise SampleError("bad_tool_arguments", str(err)) from None
         kwargs = normalization.template_kwargs(self._kwargs(completion))
         return self._apply_template(messages, tools, kwargs, add_generation_prompt=True)
+
+    @property
+    def content_format(self) -> ContentFormat:
+        if self._content_format is None:
+            template = getattr(self.tokenizer, "chat_template", None)
+            self._content_format = detect_content_format(template)
+        return self._content_format
 
     @staticmethod
     def _normalization(completion: CompletionRecord) -> ServerNormalization:

@@ -41,9 +41,21 @@ class Family:
     def builder(self, **kwargs: Any) -> SampleBuilder:
         return SampleBuilder(self.tokenizer, self.profile, **kwargs)
 
-    def template(self, messages: list[dict[str, Any]], tools: Any, **kwargs: Any) -> str:
-        if self.name == "qwen36":  # Qwen's template takes arguments as a mapping
-            messages = _decoded(messages)
+    def template(
+        self,
+        messages: list[dict[str, Any]],
+        tools: Any,
+        generated: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> str:
+        # as SGLang hands them to the template: arguments parsed, None fields left out; a
+        # generated turn as the model wrote it (Qwen's template iterates its arguments)
+        messages = NEWEST.messages(messages, "openai")
+        if generated is not None:
+            messages = [
+                *messages,
+                *(_decoded([generated]) if self.name == "qwen36" else [generated]),
+            ]
         text = self.tokenizer.apply_chat_template(
             messages,
             tools=NEWEST.tools(tools),  # as SGLang passes them
@@ -176,8 +188,9 @@ def expected_turn(fam: Family, completion: CompletionRecord) -> str:
     thinking preserved, past the prompt rendered the same way with the generation prompt."""
     messages, tools = completion.messages, completion.tools
     full = fam.template(
-        [*messages, completion.generated_message()],
+        messages,
         tools,
+        completion.generated_message(),
         add_generation_prompt=False,
         preserve_thinking=True,
     )
@@ -588,7 +601,7 @@ def test_server_ids_skip_rendering_when_drift_is_off(fam: Family) -> None:
     )
     assert (
         builder.build_many([completion] * 3)
-        == [Sample([1, 2, 3, 4, 5], [0, 0, 0, 1, 1], "server")] * 3
+        == [Sample([1, 2, 3, 4, 5], [0, 0, 0, 1, 1], "server", normalization=NEWEST.name)] * 3
     )
 
 
