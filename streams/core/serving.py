@@ -33,6 +33,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import jinja2
+import jinja2.nodes as nodes
 import orjson
 
 ContentFormat = Literal["string", "openai"]
@@ -152,7 +154,7 @@ class ServerNormalization:
     ) -> dict[str, Any]:
         """The keywords the template gets besides messages, tools and the generation prompt."""
         kwargs: dict[str, Any] = {}
-        effort = reasoning_effort if reasoning_effort is not None else None
+        effort = reasoning_effort
         if effort is None:
             effort = self.default_reasoning_effort
         if effort is not None:
@@ -321,9 +323,6 @@ def detect_content_format(template: str | None) -> ContentFormat:
         return "string"
     if any(word in template for word in ("image", "audio", "video", "vision")):
         return "openai"
-    import jinja2
-    import jinja2.nodes as nodes
-
     try:
         tree = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
     except Exception:
@@ -336,8 +335,6 @@ def detect_content_format(template: str | None) -> ContentFormat:
 
 
 def _iterates_content(node: Any, name: str) -> bool:
-    import jinja2.nodes as nodes
-
     if isinstance(node, nodes.Filter | nodes.Test):
         return node.node is not None and _iterates_content(node.node, name)
     if isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Slice):
