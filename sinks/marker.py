@@ -42,6 +42,9 @@ class ShardMarker:
     # drift cause (side and first differing tokens, samples.py's DriftCause.key) → samples, the
     # MAX_DRIFT_CAUSES most frequent of the window
     drift_causes: dict[str, int] = field(default_factory=dict)
+    # per row (same order as prompt_ids): the SGLang preprocessing profile its prompt was
+    # rendered with (streams/core/serving.py; "" for completions written before profiles)
+    row_normalizations: list[str] = field(default_factory=list)
 
     @staticmethod
     def top_causes(causes: Iterable[str | None]) -> dict[str, int]:

@@ -59,6 +59,8 @@ class SampleRow:
     drift_cause: str | None = None
     # cut to the sample policy's --max-seq-len; counted in the marker, not a column
     truncated: bool = False
+    # the SGLang preprocessing profile of its prompt; in the marker, not a column
+    normalization: str = ""
 
     @property
     def num_tokens(self) -> int:
@@ -168,6 +170,7 @@ class ShardStore:
             row_tokens=table["num_tokens"].to_pylist(),
             row_loss_tokens=table["num_loss_tokens"].to_pylist(),
             drift_causes=ShardMarker.top_causes(r.drift_cause for r in rows),
+            row_normalizations=[r.normalization for r in rows],
         )
         self._put(self.layout.marker(partition, start_offset, generation), marker.encode())
         return marker

@@ -30,6 +30,7 @@ COMPLETION_FIELDS: dict[str, tuple[Any, str]] = {
     "model": (False, "bad_shape"),
     "server": ({"url": "x"}, "bad_shape"),
     "sampling": ("hot", "bad_shape"),
+    "normalization": (["sglang-0.5.23"], "bad_shape"),
     "latency_s": (-1.0, "bad_shape"),
     "completed_at": (True, "bad_shape"),
 }
@@ -85,6 +86,7 @@ def completion_dict(prompt_id: str) -> dict[str, Any]:
         "model": "m",
         "server": "http://s",
         "sampling": {"temperature": 1.0},
+        "normalization": "sglang-0.5.23",
         "latency_s": 0.5,
         "completed_at": 2.0,
     }

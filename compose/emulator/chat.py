@@ -17,7 +17,7 @@ from compose.emulator.model import EmulatedModel, TemplateError
 from compose.emulator.token_ids import IDS_REQUEST_FIELDS, attach_token_ids
 from compose.emulator.transport import send_truncated
 from streams.core.parsers import split_reasoning
-from streams.core.templates import template_message
+from streams.core.serving import ContentFormat, NormalizationError, ServerNormalization
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class ChatRequest:
     """The parts of a chat request the emulator acts on."""
 
     messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None  # function dicts, as SGLang hands them to the template
+    tools: list[dict[str, Any]] | None  # as SGLang hands them to the template
     template_kwargs: dict[str, Any]
     max_new_tokens: int | None
     skip_special_tokens: bool
@@ -43,7 +43,10 @@ class ChatRequest:
         return not any(kwargs.get(k) is False for k in ("thinking", "enable_thinking"))
 
 
-def parse_chat_request(body: Any) -> ChatRequest:
+def parse_chat_request(
+    body: Any, profile: ServerNormalization, content_format: ContentFormat = "string"
+) -> ChatRequest:
+    """The request as SGLang of the profile's versions hands it to the template."""
     if not isinstance(body, dict):
         raise errors.bad_request("The request body must be a JSON object.")
     messages = body.get("messages")
@@ -53,11 +56,24 @@ def parse_chat_request(body: Any) -> ChatRequest:
         raise errors.bad_request("stream=true is not supported by the emulator")
     if (body.get("n") or 1) != 1:
         raise errors.bad_request("n > 1 is not supported by the emulator")
-    template_kwargs = dict(body.get("chat_template_kwargs") or {})
+    sent_kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(sent_kwargs, dict):
+        raise errors.bad_request("chat_template_kwargs must be an object")
+    template_kwargs = profile.template_kwargs(sent_kwargs, body.get("reasoning_effort"))
     if body.get("reasoning_effort") == "none":
         template_kwargs.setdefault("thinking", False)
         template_kwargs.setdefault("enable_thinking", False)
-    tools = _template_tools(body.get("tools"), body.get("tool_choice", "auto"))
+    if any(not isinstance(m, dict) or "role" not in m for m in messages):
+        raise errors.bad_request("each message needs a role")
+    try:
+        prepared, tools = profile.prepare(
+            messages,
+            body.get("tools"),
+            tool_choice=body.get("tool_choice", "auto"),
+            content_format=content_format,
+        )
+    except NormalizationError as exc:
+        raise errors.bad_request(str(exc)) from exc
     max_new = body.get("max_completion_tokens")
     if max_new is None:
         max_new = body.get("max_tokens")
@@ -69,7 +85,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
     ):
         raise errors.bad_request("input_ids must be a list of integers")
     return ChatRequest(
-        messages=[_template_message(m) for m in messages],
+        messages=prepared,
         tools=tools,
         template_kwargs=template_kwargs,
         max_new_tokens=max_new,
@@ -81,37 +97,6 @@ def parse_chat_request(body: Any) -> ChatRequest:
         continue_final_message=bool(body.get("continue_final_message", False)),
         input_ids=input_ids,
     )
-
-
-def _template_tools(tools: Any, tool_choice: Any) -> list[dict[str, Any]] | None:
-    """`[tool.function.model_dump()]`: what SGLang passes to the chat template."""
-    if not tools or tool_choice == "none":
-        return None
-    if not isinstance(tools, list):
-        raise errors.bad_request("tools must be a list")
-    functions = []
-    for tool in tools:
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(function, dict) or not function.get("name"):
-            raise errors.bad_request("each tool needs a function with a name")
-        functions.append(
-            {
-                "description": function.get("description"),
-                "name": function["name"],
-                "parameters": function.get("parameters"),
-                "strict": bool(function.get("strict", False)),
-            }
-        )
-    if isinstance(tool_choice, dict):
-        wanted = (tool_choice.get("function") or {}).get("name")
-        functions = [f for f in functions if f["name"] == wanted]
-    return functions
-
-
-def _template_message(message: Any) -> dict[str, Any]:
-    if not isinstance(message, dict) or "role" not in message:
-        raise errors.bad_request("each message needs a role")
-    return template_message(message)  # text parts only: the emulator has no vision
 
 
 def history_tool_calls(messages: list[dict[str, Any]]) -> int:
@@ -212,7 +197,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
             body = await request.json(loads=orjson.loads)
         except ValueError as exc:
             raise errors.bad_request(f"Invalid JSON body: {exc}") from exc
-        chat = parse_chat_request(body)
+        chat = parse_chat_request(body, engine.normalization, engine.model.content_format)
         prompt_text, prompt_ids = render_prompt(engine.model, chat)
         engine.check_context(prompt_text, len(prompt_ids), chat.max_new_tokens)
         job = GenerationRequest(

@@ -16,6 +16,7 @@ from compose.emulator.model import EmulatedModel
 from compose.emulator.scheduler import Scheduler, Stats
 from compose.emulator.settings import EmulatorSettings
 from compose.emulator.transport import reset_connection
+from streams.core.serving import profile_for_version
 
 
 class ConnectionGone(Exception):
@@ -36,6 +37,8 @@ class Engine:
     def __init__(self, settings: EmulatorSettings, model: EmulatedModel) -> None:
         self.settings = settings
         self.model = model
+        # the request preprocessing of the SGLang version it reports
+        self.normalization = profile_for_version(settings.sglang_version)
         self.generator = Generator(model, settings)
         self.stats = Stats()
         self.scheduler = Scheduler(
@@ -111,7 +114,7 @@ class Engine:
             "max_queued_requests": s.max_queued_requests or None,
             "reasoning_parser": family.reasoning_parser,
             "tool_call_parser": family.tool_call_parser,
-            "version": "emulator",
+            "version": s.sglang_version,
             "emulator": {
                 "family": family.name,
                 "prefills_think": family.prefills_think,

@@ -38,7 +38,8 @@ class GenerationRequest:
     max_new_tokens: int | None
     # whether the model thinks when the prompt neither prefills nor closes a think block
     thinking: bool
-    tools: list[dict[str, Any]] | None = None  # function dicts: name, description, parameters
+    # as the template got them: function dicts, or {"type", "function"} tool dumps
+    tools: list[dict[str, Any]] | None = None
     history_tool_calls: int = 0
 
 
@@ -170,7 +171,7 @@ class Generator:
         return min(s.max_output_tokens, max(s.min_output_tokens, value))
 
     def _tool_call_text(self, rng: random.Random, request: GenerationRequest) -> str:
-        tools = request.tools or []
+        tools = [tool.get("function", tool) for tool in request.tools or []]
         chosen = rng.sample(tools, k=1 if len(tools) == 1 or rng.random() < 0.8 else 2)
         calls = [
             (str(tool.get("name")), textgen.arguments_for(rng, tool.get("parameters")))

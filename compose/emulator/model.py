@@ -9,6 +9,7 @@ from typing import Any
 from transformers import AutoTokenizer
 
 from streams.core.families import FamilyProfile, detect_family
+from streams.core.serving import ContentFormat, detect_content_format
 
 
 class TemplateError(ValueError):
@@ -45,6 +46,10 @@ class EmulatedModel:
             | {int(i) for i in self.tokenizer.all_special_ids}
         )
         self.vocab_size = len(self.tokenizer)
+        # how SGLang flattens list content for this template (streams/core/serving.py)
+        self.content_format: ContentFormat = detect_content_format(
+            getattr(self.tokenizer, "chat_template", None)
+        )
 
     def _single_id(self, token: str) -> int | None:
         """The id of a token that encodes to exactly one id, else None."""

@@ -11,6 +11,7 @@ from typing import Any
 
 from compose.emulator.token_ids import IDS_STYLES
 from streams.core.errors import CliError
+from streams.core.serving import parse_version
 
 
 @dataclass
@@ -26,6 +27,9 @@ class EmulatorSettings:
     # how chat completions carry exact token ids: vLLM's, SGLang's ones, or none
     # (compose/emulator/token_ids.py)
     ids_style: str = "vllm"
+    # the SGLang version it reports (/server_info `version`) and whose request preprocessing
+    # it imitates (streams/core/serving.py)
+    sglang_version: str = "0.5.23"
 
     # Output length: uniform in [min, max] tokens, or log-normal around mean (clipped to them).
     min_output_tokens: int = 16
@@ -71,6 +75,10 @@ class EmulatorSettings:
             self.model = self.tokenizer_dir.resolve().name
         if self.ids_style not in IDS_STYLES:
             raise ValueError(f"ids_style must be one of {IDS_STYLES}, got {self.ids_style!r}")
+        if parse_version(self.sglang_version) is None:
+            raise ValueError(
+                f"sglang_version must be a version like 0.5.23, got {self.sglang_version!r}"
+            )
         if self.auth_status not in (401, 403):
             raise ValueError(f"auth_status must be 401 or 403, got {self.auth_status}")
         if self.min_output_tokens < 1 or self.max_output_tokens < self.min_output_tokens:
@@ -161,6 +169,12 @@ def add_emulator_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.ids_style,
         help="how chat completions return exact token ids (a server version's way)",
     )
+    add(
+        "--sglang-version",
+        default=d.sglang_version,
+        metavar="X.Y.Z",
+        help="the SGLang version to report and whose chat preprocessing to imitate",
+    )
     add("--min-output-tokens", type=_POSITIVE, default=d.min_output_tokens)
     add("--max-output-tokens", type=_POSITIVE, default=d.max_output_tokens)
     add("--mean-output-tokens", type=_POSITIVE, default=None, help="log-normal lengths around this")
@@ -217,6 +231,7 @@ def _settings(args: argparse.Namespace) -> EmulatorSettings:
         family=args.family,
         max_model_len=args.max_model_len,
         ids_style=args.ids_style,
+        sglang_version=args.sglang_version,
         min_output_tokens=args.min_output_tokens,
         max_output_tokens=args.max_output_tokens,
         mean_output_tokens=args.mean_output_tokens,

@@ -120,7 +120,9 @@ def _parse_qwen(text: str, tools: list[dict[str, Any]]) -> tuple[str, list[ToolC
     start = text.find(QWEN_TOOL_CALL)
     if start < 0:
         return text, []
-    schemas = {t.get("name"): t.get("parameters") for t in tools}
+    # function dicts, or SGLang's {"type", "function"} tool dumps (streams/core/serving.py)
+    functions = [t.get("function", t) for t in tools]
+    schemas = {f.get("name"): f.get("parameters") for f in functions}
     calls: list[ToolCall] = []
     for block in _QWEN_CALL.findall(text):
         for closed, open_ in _QWEN_FUNCTION.findall(block):

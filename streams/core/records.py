@@ -281,6 +281,7 @@ class CompletionRecord(_Record):
         "model": text,
         "server": text,
         "sampling": json_object,
+        "normalization": text,
         "latency_s": seconds,
         "completed_at": seconds,
     }
@@ -307,6 +308,9 @@ class CompletionRecord(_Record):
     model: str = ""
     server: str = ""
     sampling: dict[str, Any] = field(default_factory=dict)
+    # the SGLang preprocessing profile the prompt was rendered with (streams/core/serving.py);
+    # "" in records written before profiles: the newest
+    normalization: str = ""
     latency_s: float = 0.0
     completed_at: float = field(default_factory=time.time)
 

@@ -147,6 +147,15 @@ KeepOrDrop = Literal["drop", "keep"]
 OverLength = Literal["drop", "truncate"]
 RegenMode = Literal["final", "every-turn"]
 GenerateApi = Literal["chat", "native"]
+# SGLang request-preprocessing profiles (streams/core/serving.py PROFILE_NAMES; a test checks)
+Normalization = Literal[
+    "sglang-0.5.1",
+    "sglang-0.5.4",
+    "sglang-0.5.9",
+    "sglang-0.5.10",
+    "sglang-0.5.11",
+    "sglang-0.5.23",
+]
 Compression = Literal["gzip", "none"]
 
 
@@ -428,6 +437,14 @@ class GenerateSettings(Settings):
         None,
         flag="--tokenizer",
         help="the target's tokenizer directory, the one the server uses (for --api native)",
+    )
+    # None: the profile of the SGLang version the server reports at start (newest if it says
+    # none); recorded per completion, so the tokenize stage renders as the server did
+    normalization: Normalization | None = setting(
+        None,
+        flag="--normalization",
+        help="render prompts as this SGLang version range preprocesses chat requests "
+        "(default: from the version the server reports; the newest if it reports none)",
     )
     api_key: SecretStr | None = setting(None, env=("DRAFTGEN_API_KEY", "OPENAI_API_KEY"))
     request_timeout_s: float = setting(1800.0, flag="--request-timeout", gt=0)

@@ -18,6 +18,7 @@ import orjson
 
 from streams.core.families import FAMILIES, GENERIC, FamilyProfile
 from streams.core.records import CompletionRecord, PromptRecord
+from streams.core.serving import ServerNormalization, profile_for_version, profile_named
 from streams.core.settings import GenerateSettings
 from streams.core.tokenizers import load_tokenizer
 from streams.generate.capacity import SERVER_INFO_PATHS, running_cap
@@ -130,12 +131,15 @@ class SGLangClient:
         self.family = GENERIC
         # how this server returns exact ids (probe_ids); until probed, ask every way
         self.ids_way: IdsWay | None = None
+        # how the server preprocesses chat requests (use_server_version); forced by the setting
+        self.normalization: ServerNormalization = profile_named(settings.normalization)
+        self.server_version: str | None = None
         # `--api native`: prompts rendered here, posted to /generate (streams/generate/native.py)
         self.native: NativeChat | None = None
         if settings.api == "native":
             assert settings.tokenizer_dir is not None  # the settings check it
             loaded = load_tokenizer(settings.tokenizer_dir, family=settings.family)
-            self.native = NativeChat(loaded, settings.thinking)
+            self.native = NativeChat(loaded, settings.thinking, self.normalization)
 
     async def close(self) -> None:
         await self._openai.close()
@@ -160,9 +164,10 @@ class SGLangClient:
             return DOWN
         return AUTH if response.status_code in AUTH_STATUSES else None
 
-    async def max_running_requests(self) -> int | None:
-        """The server's running-request cap (streams/generate/capacity.py), or None when it
-        does not say. A server that cannot be reached raises (the caller waits it out)."""
+    async def _server_info(self) -> dict[str, Any] | None:
+        """The server's `/server_info` (older servers: `/get_server_info`), None when it has
+        neither or answers no JSON object. A server that cannot be reached raises (the caller
+        waits it out)."""
         headers = self._auth_headers()
         for path in SERVER_INFO_PATHS:
             try:
@@ -178,10 +183,29 @@ class SGLangClient:
             if response.status_code != 200:
                 return None
             try:
-                return running_cap(orjson.loads(response.content))
+                info = orjson.loads(response.content)
             except orjson.JSONDecodeError:
                 return None
+            return info if isinstance(info, dict) else None
         return None
+
+    async def max_running_requests(self) -> int | None:
+        """The server's running-request cap (streams/generate/capacity.py), or None when it
+        does not say. A server that cannot be reached raises (the caller waits it out)."""
+        return running_cap(await self._server_info())
+
+    async def use_server_version(self) -> ServerNormalization:
+        """Ask the server its SGLang version (`/server_info`'s `version`) and render prompts
+        as that version preprocesses chat requests, unless `--normalization` forces a profile;
+        a server that says no version gets the newest profile."""
+        info = await self._server_info()
+        version = (info or {}).get("version")
+        self.server_version = version if isinstance(version, str) else None
+        if self.settings.normalization is None:
+            self.normalization = profile_for_version(self.server_version)
+        if self.native is not None:
+            self.native.normalization = self.normalization
+        return self.normalization
 
     async def discover(self) -> None:
         """Learn the served model name (unless given) and pick the thinking kwarg from it."""
@@ -292,6 +316,7 @@ class SGLangClient:
             model=self.model,
             server=self.base_url,
             sampling={**sampling.as_dict(), "chat_template_kwargs": self._template_kwargs()},
+            normalization=self.normalization.name,
             latency_s=round(time.monotonic() - started, 4),
         )
 
@@ -325,6 +350,7 @@ class SGLangClient:
             model=self.model,
             server=self.base_url,
             sampling={**sampling.as_dict(), "chat_template_kwargs": native.template_kwargs()},
+            normalization=self.normalization.name,
             latency_s=round(time.monotonic() - started, 4),
         )
 

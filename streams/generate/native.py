@@ -1,7 +1,8 @@
 """`--api native`: token-exact generation on servers whose chat endpoint returns no ids.
 
-The prompt is rendered here with the target's chat template, as SGLang's chat endpoint renders
-it (streams/core/templates.py), and its ids are posted to SGLang's native `/generate` with the
+The prompt is rendered here with the target's chat template, as SGLang's chat endpoint of the
+server's version renders it (streams/core/serving.py: the same ids the chat endpoint would
+use), and its ids are posted to SGLang's native `/generate` with the
 same sampling parameters and the end-of-turn stop token. The output ids are recorded as
 sampled, and the output is split into reasoning, content and tool calls with SGLang's own
 parsers (streams/core/parsers.py), so the record reads as a chat completion would.
@@ -22,8 +23,13 @@ from typing import Any
 
 from streams.core.parsers import parse, split_reasoning, tool_start_token
 from streams.core.records import PromptRecord
+from streams.core.serving import (
+    NEWEST,
+    NormalizationError,
+    ServerNormalization,
+    detect_content_format,
+)
 from streams.core.settings import SamplingSettings
-from streams.core.templates import template_message, template_tools
 from streams.core.tokenizers import LoadedTokenizer
 
 
@@ -38,17 +44,25 @@ class NativeError(ValueError):
 @dataclass(frozen=True)
 class NativePrompt:
     input_ids: list[int]
-    tools: list[dict[str, Any]] | None  # function dicts, as the template and parser get them
+    tools: list[dict[str, Any]] | None  # as the template and the parser get them
     history_tool_calls: int
 
 
 class NativeChat:
     """Renders prompts and reads /generate answers for one target tokenizer and family."""
 
-    def __init__(self, loaded: LoadedTokenizer, thinking: bool):
+    def __init__(
+        self,
+        loaded: LoadedTokenizer,
+        thinking: bool,
+        normalization: ServerNormalization = NEWEST,
+    ):
         self.tokenizer = loaded.tokenizer
         self.profile = loaded.profile
         self.thinking = thinking
+        # the server version's preprocessing (SGLangClient.use_server_version sets it)
+        self.normalization = normalization
+        self.content_format = detect_content_format(getattr(self.tokenizer, "chat_template", None))
         eot = self.profile.end_of_turn
         ids = self.tokenizer.encode(eot, add_special_tokens=False) if eot else []
         stop = ids[0] if len(ids) == 1 else getattr(self.tokenizer, "eos_token_id", None)
@@ -60,21 +74,31 @@ class NativeChat:
         return {"thinking": self.thinking, "enable_thinking": self.thinking}
 
     def render(self, prompt: PromptRecord) -> NativePrompt:
-        messages = [template_message(m) for m in prompt.messages]
-        tools = template_tools(prompt.tools)
+        return self.render_messages(prompt.messages, prompt.tools)
+
+    def render_messages(self, messages: Any, tools: Any, tool_choice: Any = "auto") -> NativePrompt:
+        """The prompt ids SGLang's chat endpoint of the profile's versions would use for this
+        request (the same preprocessing, template and kwargs)."""
+        normalization = self.normalization
+        try:
+            prepared, template_tools = normalization.prepare(
+                messages, tools, tool_choice=tool_choice, content_format=self.content_format
+            )
+        except NormalizationError as err:  # the server would refuse it with a 400
+            raise NativeError("bad_request", str(err)) from None
         try:
             text = self.tokenizer.apply_chat_template(
-                messages,
-                tools=tools,
+                prepared,
+                tools=template_tools,
                 add_generation_prompt=True,
                 tokenize=False,
-                **self.template_kwargs(),
+                **normalization.template_kwargs(self.template_kwargs()),
             )
         except Exception as err:  # jinja errors, raise_exception(), bad message shapes
             raise NativeError("template_error", f"{type(err).__name__}: {err}") from None
         ids = self.tokenizer.encode(str(text), add_special_tokens=False)
-        calls = sum(len(m.get("tool_calls") or []) for m in messages if m["role"] == "assistant")
-        return NativePrompt([int(i) for i in ids], tools, calls)
+        calls = sum(len(m.get("tool_calls") or []) for m in prepared if m["role"] == "assistant")
+        return NativePrompt([int(i) for i in ids], template_tools, calls)
 
     def request(self, native: NativePrompt, sampling: SamplingSettings) -> dict[str, Any]:
         params: dict[str, Any] = {

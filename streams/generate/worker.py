@@ -139,6 +139,17 @@ class GenerateWorker:
         await until_done(
             what, self._authorized(self.client.discover), self.backoff, log, self.server
         )
+        what = f"asking {self.client.base_url} for its version"
+        normalization = await until_done(
+            what, self._authorized(self.client.use_server_version), self.backoff, log, self.server
+        )
+        log.info(
+            "server %s reports SGLang %s: prompts render as %s preprocesses them%s",
+            self.client.base_url,
+            self.client.server_version or "(no version)",
+            normalization.name,
+            " (forced by --normalization)" if self.settings.normalization else "",
+        )
         what = f"asking {self.client.base_url} for token ids"
         way = await until_done(
             what, self._authorized(self.client.probe_ids), self.backoff, log, self.server

@@ -29,6 +29,9 @@ class DatasetFigures:
     # drift cause → samples, summed over the markers (each keeps its window's most frequent)
     drift_causes: Counter[str] = field(default_factory=Counter)
     truncated: int = 0
+    # samples by the SGLang preprocessing profile their prompt was rendered with ("" before
+    # profiles were recorded), replaced rows left out
+    normalizations: Counter[str] = field(default_factory=Counter)
 
 
 def dataset_figures(store: ShardStore, *, keep_ids: bool = True) -> DatasetFigures:
@@ -52,6 +55,11 @@ def dataset_figures(store: ShardStore, *, keep_ids: bool = True) -> DatasetFigur
         figures.drifted += marker.drifted
         figures.drift_causes.update(marker.drift_causes)
         figures.truncated += marker.truncated
+        if marker.row_normalizations:
+            left_out = set(excluded)
+            figures.normalizations.update(
+                name for i, name in enumerate(marker.row_normalizations) if i not in left_out
+            )
     return figures
 
 

@@ -211,6 +211,7 @@ class StatusProbe:
                     compared=figures.compared,
                     drifted=figures.drifted,
                     drift_causes=dict(figures.drift_causes.most_common(STATUS_CAUSES)),
+                    normalizations=dict(figures.normalizations),
                 )
             )
         return rows

@@ -26,6 +26,9 @@ class DatasetRow:
     compared: int = 0
     drifted: int = 0
     drift_causes: dict[str, int] = field(default_factory=dict)
+    # samples by the SGLang preprocessing profile their prompt was rendered with
+    # (streams/core/serving.py; "" for completions written before profiles)
+    normalizations: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -296,6 +299,16 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "
 _LEFT = {"topic", "reason", "paused", "metrics"}
 
 
+def _normalizations(counts: dict[str, int]) -> str:
+    """`sglang-0.5.23` for one profile, else each with its samples; `-` for none recorded."""
+    named = {name or "unrecorded": n for name, n in counts.items() if n}
+    if not named:
+        return "-"
+    if len(named) == 1:
+        return next(iter(named))
+    return ", ".join(f"{name} {n:,}" for name, n in sorted(named.items()))
+
+
 def render_text(snapshot: StatusSnapshot) -> str:
     s = snapshot
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.time))
@@ -321,7 +334,15 @@ def render_text(snapshot: StatusSnapshot) -> str:
         lines += ["", f"datasets in {s.out}"]
         if s.datasets:
             lines += table(
-                ["dataset", "samples", "tokens", "loss tokens", "shards", "duplicates"],
+                [
+                    "dataset",
+                    "samples",
+                    "tokens",
+                    "loss tokens",
+                    "shards",
+                    "duplicates",
+                    "rendered as",
+                ],
                 [
                     [
                         d.dataset,
@@ -330,6 +351,7 @@ def render_text(snapshot: StatusSnapshot) -> str:
                         count(d.loss_tokens),
                         count(d.shards),
                         count(d.duplicates),
+                        _normalizations(d.normalizations),
                     ]
                     for d in s.datasets
                 ],

@@ -26,7 +26,7 @@ prompt or the turn, and the first differing token decoded on both sides). Texts 
 by `encoder.TextEncoder`: a checked tiktoken twin of the tokenizer where it has one, whose ids
 the tokenizer's own replace wherever they differ from the server's. Error kinds:
 template_error, prefix_mismatch, bad_tool_arguments, bad_tool_call, bad_message,
-bad_token_ids, token_out_of_range, too_few_loss_tokens, encode_error.
+bad_token_ids, token_out_of_range, too_few_loss_tokens, encode_error, bad_normalization.
 """
 
 from __future__ import annotations
@@ -41,7 +41,15 @@ import numpy.typing as npt
 
 from streams.core.families import FamilyProfile
 from streams.core.records import CompletionRecord, Message, equal_fields
-from streams.core.templates import template_tools
+from streams.core.serving import (
+    NEWEST,
+    PROFILES,
+    ContentFormat,
+    NormalizationError,
+    ServerNormalization,
+    detect_content_format,
+    profile_named,
+)
 from streams.tokenize.encoder import EncoderChoice, TextEncoder
 
 TokenSource = Literal["server", "rendered"]
@@ -64,15 +72,22 @@ class DriftCause:
     position: int
     server: str | None
     rendered: str | None
+    # the server's prompt is what another SGLang version's preprocessing renders (that
+    # profile's name): a normalization difference, not the template's or the tokenizer's
+    normalization: str | None = None
 
     @property
     def label(self) -> str:
+        if self.normalization is not None:
+            return "prompt normalization"
         length = self.server is None or self.rendered is None
         return f"{self.side} length" if length else self.side
 
     @property
     def key(self) -> str:
         """Without the position, so that counts of the same cause add up across samples."""
+        if self.normalization is not None:
+            return f"{self.label}: the server rendered as {self.normalization}"
         return (
             f"{self.label}: server {self.server or '(end)'} vs rendered {self.rendered or '(end)'}"
         )
@@ -97,6 +112,8 @@ class Sample:
     drift_cause: DriftCause | None = None
     # cut to the policy's --max-seq-len (streams/policies.py)
     truncated: bool = False
+    # the SGLang preprocessing profile the prompt was rendered with (streams/core/serving.py)
+    normalization: str = ""
 
     def __eq__(self, other: object) -> bool:
         return equal_fields(self, other) if isinstance(other, Sample) else NotImplemented
@@ -154,6 +171,8 @@ class SampleBuilder:
         self._explicit_kwargs = dict(template_kwargs or {})
         self._vocab_size = len(tokenizer)
         self.encoder = TextEncoder(tokenizer, encoder)
+        # how SGLang flattens list content for this template (read when first rendering)
+        self._content_format: ContentFormat | None = None
 
     # -- public ---------------------------------------------------------------------------
 
@@ -185,15 +204,27 @@ class SampleBuilder:
         if self.encoder.twin:
             self._confirm_drift(servers, rendered, encoded, assembled)
         for i, sample in assembled.items():
+            if isinstance(sample, Sample):
+                sample.normalization = completions[i].normalization or NEWEST.name
+                self._name_normalization_drift(completions[i], sample, servers[i])
             results[i] = sample if isinstance(sample, SampleError) else self._checked(sample)
         return cast(list[Sample | SampleError], results)
 
-    def render(self, completion: CompletionRecord) -> RenderedText:
-        """The prompt text (ending with the generation prompt) and the generated turn's text."""
-        messages = [self._prepare(m) for m in completion.messages]
+    def render(
+        self, completion: CompletionRecord, normalization: ServerNormalization | None = None
+    ) -> RenderedText:
+        """The prompt text (ending with the generation prompt) and the generated turn's text,
+        the prompt as SGLang of the completion's profile (or `normalization`) renders it."""
+        if normalization is None:
+            normalization = self._normalization(completion)
+        try:
+            messages, tools = normalization.prepare(
+                completion.messages, completion.tools, content_format=self.content_format
+            )
+        except NormalizationError as err:  # the server would have refused it
+            raise SampleError("bad_tool_arguments", str(err)) from None
         generated = self._prepare(completion.generated_message())
-        tools = template_tools(completion.tools)
-        kwargs = self._kwargs(completion)
+        kwargs = normalization.template_kwargs(self._kwargs(completion))
         # a run with thinking off (`--no-thinking`): the prompt closes the think block itself
         thinking = not (
             self.profile.thinking_kwarg and kwargs.get(self.profile.thinking_kwarg) is False
@@ -205,8 +236,69 @@ class SampleBuilder:
         elif self.profile.name == "qwen3":
             turn = _qwen_turn(generated, self.profile, completion, thinking)
         else:
-            turn = self._template_turn(messages, generated, tools, kwargs, prompt)
+            try:
+                [as_history] = normalization.messages([completion.generated_message()])
+            except NormalizationError as err:
+                raise SampleError("bad_tool_arguments", str(err)) from None
+            turn = self._template_turn(messages, as_history, tools, kwargs, prompt)
         return RenderedText(prompt, turn)
+
+    def render_prompt(
+        self, completion: CompletionRecord, normalization: ServerNormalization | None = None
+    ) -> str:
+        """The prompt text alone, as `render` gives it."""
+        if normalization is None:
+            normalization = self._normalization(completion)
+        try:
+            messages, tools = normalization.prepare(
+                completion.messages, completion.tools, content_format=self.content_format
+            )
+        except NormalizationError as err:
+            raise SampleError("bad_tool_arguments", str(err)) from None
+        kwargs = normalization.template_kwargs(self._kwargs(completion))
+        return self._apply_template(messages, tools, kwargs, add_generation_prompt=True)
+
+    @property
+    def content_format(self) -> ContentFormat:
+        if self._content_format is None:
+            template = getattr(self.tokenizer, "chat_template", None)
+            self._content_format = detect_content_format(template)
+        return self._content_format
+
+    @staticmethod
+    def _normalization(completion: CompletionRecord) -> ServerNormalization:
+        try:
+            return profile_named(completion.normalization)
+        except ValueError as err:
+            raise SampleError("bad_normalization", str(err)) from None
+
+    def _name_normalization_drift(
+        self,
+        completion: CompletionRecord,
+        sample: Sample,
+        server: tuple[Ids, Ids] | None,
+    ) -> None:
+        """A prompt that drifted is rendered again as every other SGLang version range would:
+        one whose ids are the server's names the cause (the server preprocesses as another
+        version does: `--normalization`, or a server that misreports its version). Only for
+        drifted samples, with the tokenizer's own encoder."""
+        cause = sample.drift_cause
+        if server is None or cause is None or cause.side != "prompt":
+            return
+        server_prompt = server[0]
+        for profile in reversed(PROFILES):
+            if profile.name == sample.normalization:
+                continue
+            try:
+                text = self.render_prompt(completion, profile)
+                [ids] = self.encoder.reference([text])
+            except SampleError:
+                continue
+            if np.array_equal(np.asarray(ids, dtype=np.int32), server_prompt):
+                sample.drift_cause = DriftCause(
+                    cause.side, cause.position, cause.server, cause.rendered, profile.name
+                )
+                return
 
     def _kwargs(self, completion: CompletionRecord) -> dict[str, Any]:
         """The template kwargs the server rendered the prompt with (the record's sampling
@@ -218,7 +310,8 @@ class SampleBuilder:
     # -- rendering ------------------------------------------------------------------------
 
     def _prepare(self, message: Message) -> Message:
-        """Qwen's template iterates tool-call arguments as a mapping: decode the JSON string."""
+        """The generated turn (rendered by the family's format, not the template): Qwen's
+        prints tool-call arguments as a mapping, so the JSON string is decoded."""
         calls = message.get("tool_calls")
         if self.profile.name != "qwen3" or not calls:
             return message

@@ -205,6 +205,7 @@ class TokenizeWorker:
             conversation_id=(completion.meta or {}).get("conversation_id"),
             truncated=sample.truncated,
             drift_cause=sample.drift_cause.key if sample.drift_cause else None,
+            normalization=sample.normalization,
         )
 
 

@@ -25,6 +25,7 @@ from streams.core.crash_guard import CrashGuard
 from streams.core.families import GENERIC
 from streams.core.ledger import dead_key, ledger_key
 from streams.core.records import CompletionRecord, DeadLetter, PromptRecord
+from streams.core.serving import NEWEST, ServerNormalization
 from streams.core.settings import GenerateSettings, KafkaSettings, OnceSettings
 from streams.generate.app import generate_figures
 from streams.generate.client import AUTH, DOWN, GenerationError, status_error
@@ -93,6 +94,7 @@ class FakeClient:
         self.requests: list[str] = []
         self.probes = 0
         self.closed = False
+        self.server_version: str | None = None
 
     async def discover(self) -> None:
         self._check_key()
@@ -113,6 +115,10 @@ class FakeClient:
 
     async def probe_ids(self) -> IdsWay:
         return NO_IDS
+
+    async def use_server_version(self) -> ServerNormalization:
+        self.server_version = "0.5.23"
+        return NEWEST
 
     async def complete(self, record: PromptRecord) -> CompletionRecord:
         pid = record.prompt_id

@@ -24,3 +24,18 @@ def test_figures_sum_the_drift_causes_of_the_markers(tmp_path: Path) -> None:
     figures = dataset_figures(store)
     assert (figures.compared, figures.drifted) == (5, 4)
     assert figures.drift_causes.most_common() == [(TURN, 3), (PROMPT, 1)]
+
+
+def test_figures_count_the_samples_of_each_normalization_profile(tmp_path: Path) -> None:
+    """Markers list each row's profile; a later answer of the same prompt replaces the row."""
+    store = ShardStore(str(tmp_path), "v1")
+    store.write_shard(0, 0, 1, [named("a", "sglang-0.5.11"), named("b", "sglang-0.5.11")])
+    store.write_shard(0, 2, 2, [named("a", "sglang-0.5.23")])
+    first = min(store.markers(0), key=lambda m: m.start_offset)
+    assert first.row_normalizations == ["sglang-0.5.11", "sglang-0.5.11"]
+    figures = dataset_figures(store)
+    assert dict(figures.normalizations) == {"sglang-0.5.11": 1, "sglang-0.5.23": 1}
+
+
+def named(prompt_id: str, profile: str) -> SampleRow:
+    return SampleRow(prompt_id, "s", [1, 2], [0, 1], "stop", "server", normalization=profile)

@@ -254,7 +254,11 @@ def snapshot() -> StatusSnapshot:
         published=1234,
         completions=1000,
         out="s3://bucket/out",
-        datasets=[DatasetRow("k26-v1", 990, 1_234_567, 654_321, 12, 0, 900, 3, {CAUSE: 3})],
+        datasets=[
+            DatasetRow(
+                "k26-v1", 990, 1_234_567, 654_321, 12, 0, 900, 3, {CAUSE: 3}, {"sglang-0.5.23": 990}
+            )
+        ],
         dead_letters={("generate", "context_too_long"): 8, ("tokenize", "bad_tool_call"): 2},
         groups=[group_lag("p-draftgen-generate", "prompts", {0: 1000}, {0: 0}, {0: 1234})],
         servers=server_rows(
@@ -284,6 +288,8 @@ def test_text_has_every_section_aligned() -> None:
         "p-draftgen-generate",
         "http://gpu-01:30000",
         "1,234,567",
+        "rendered as",
+        "sglang-0.5.23",
     ):
         assert expected in text
     lines = text.splitlines()
@@ -304,6 +310,7 @@ def test_json_shape() -> None:
     assert data["prompts"]["published"] == 1234 and data["completions"] == 1000
     assert data["datasets"]["k26-v1"]["tokens"] == 1_234_567
     assert data["datasets"]["k26-v1"]["drift_causes"] == {CAUSE: 3}
+    assert data["datasets"]["k26-v1"]["normalizations"] == {"sglang-0.5.23": 990}
     assert data["dead_letters"] == {
         "total": 10,
         "by_stage": {"generate": {"context_too_long": 8}, "tokenize": {"bad_tool_call": 2}},

@@ -16,12 +16,12 @@ from hypothesis import strategies as st
 
 from streams.core.families import FamilyProfile, detect_family
 from streams.core.records import CompletionRecord
+from streams.core.serving import NEWEST
 from streams.tokenize.samples import (
     DriftCause,
     Sample,
     SampleBuilder,
     SampleError,
-    template_tools,
 )
 from tests.ids import as_list
 
@@ -41,12 +41,24 @@ class Family:
     def builder(self, **kwargs: Any) -> SampleBuilder:
         return SampleBuilder(self.tokenizer, self.profile, **kwargs)
 
-    def template(self, messages: list[dict[str, Any]], tools: Any, **kwargs: Any) -> str:
-        if self.name == "qwen36":  # Qwen's template takes arguments as a mapping
-            messages = _decoded(messages)
+    def template(
+        self,
+        messages: list[dict[str, Any]],
+        tools: Any,
+        generated: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> str:
+        # as SGLang hands them to the template: arguments parsed, None fields left out; a
+        # generated turn as the model wrote it (Qwen's template iterates its arguments)
+        messages = NEWEST.messages(messages, "openai")
+        if generated is not None:
+            messages = [
+                *messages,
+                *(_decoded([generated]) if self.name == "qwen36" else [generated]),
+            ]
         text = self.tokenizer.apply_chat_template(
             messages,
-            tools=template_tools(tools),  # as SGLang passes them
+            tools=NEWEST.tools(tools),  # as SGLang passes them
             tokenize=False,
             **self.profile.template_kwargs(True),
             **kwargs,
@@ -176,8 +188,9 @@ def expected_turn(fam: Family, completion: CompletionRecord) -> str:
     thinking preserved, past the prompt rendered the same way with the generation prompt."""
     messages, tools = completion.messages, completion.tools
     full = fam.template(
-        [*messages, completion.generated_message()],
+        messages,
         tools,
+        completion.generated_message(),
         add_generation_prompt=False,
         preserve_thinking=True,
     )
@@ -588,7 +601,7 @@ def test_server_ids_skip_rendering_when_drift_is_off(fam: Family) -> None:
     )
     assert (
         builder.build_many([completion] * 3)
-        == [Sample([1, 2, 3, 4, 5], [0, 0, 0, 1, 1], "server")] * 3
+        == [Sample([1, 2, 3, 4, 5], [0, 0, 0, 1, 1], "server", normalization=NEWEST.name)] * 3
     )
 
 
@@ -760,8 +773,8 @@ def test_prefer_must_be_a_token_source(fam: Family) -> None:
 
 
 def test_prompt_with_tools_renders_as_the_server_renders_it(fam: Family) -> None:
-    """SGLang hands the template each tool's function, not the OpenAI wrapper: the rendered
-    prompt must be the server's, or every prompt with tools would count as drift."""
+    """SGLang hands the template its dump of each tool: the rendered prompt must be the
+    server's, or every prompt with tools would count as drift."""
     from compose.emulator.chat import parse_chat_request, render_prompt
     from compose.emulator.model import EmulatedModel
 
@@ -771,6 +784,8 @@ def test_prompt_with_tools_renders_as_the_server_renders_it(fam: Family) -> None
         "tools": TOOLS,
         "chat_template_kwargs": fam.profile.template_kwargs(True),
     }
-    server_text, _ = render_prompt(EmulatedModel(fam.directory), parse_chat_request(request))
+    model = EmulatedModel(fam.directory)
+    chat = parse_chat_request(request, NEWEST, model.content_format)
+    server_text, _ = render_prompt(model, chat)
     completion = CompletionRecord(prompt_id="p", messages=messages, tools=TOOLS, content="x")
     assert fam.builder().render(completion).prompt == server_text

@@ -1,0 +1,523 @@
+"""Prompts render as SGLang of the server's version renders them (issue 26).
+
+Every case is rendered through the emulated server's chat endpoint (which prepares requests as
+the SGLang version it reports) and through the worker's own rendering (`--api native`, the
+tokenize stage), for each normalization profile: the ids must be the same. The bundled prompts
+are checked the same way, and the tokenize stage names a normalization difference as its own
+drift cause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import httpx2
+import pytest
+from aiohttp.test_utils import TestServer
+
+from compose.emulator import EmulatorSettings, build_app
+from compose.emulator.model import EmulatedModel
+from compose.tiny_tokenizers import build_kimi_k26_tokenizer, build_qwen36_tokenizer
+from streams.core.normalize import make_prompt_record
+from streams.core.records import CompletionRecord
+from streams.core.serving import (
+    BY_NAME,
+    NEWEST,
+    PROFILE_NAMES,
+    PROFILES,
+    NormalizationError,
+    detect_content_format,
+    profile_for_version,
+)
+from streams.core.settings import GenerateSettings, KafkaSettings, Normalization
+from streams.core.tokenizers import LoadedTokenizer, load_tokenizer
+from streams.generate.client import SGLangClient
+from streams.generate.native import NativeChat
+from streams.tokenize.samples import Sample, SampleBuilder
+
+SAMPLES = Path(__file__).parents[3] / "producers" / "samples" / "sample_prompts.jsonl"
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        # not the declared field order: 0.5.23 keeps the caller's
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city"],
+        },
+        "description": "Weather for a city",
+    },
+}
+QUERY = {
+    "type": "function",
+    "function": {
+        "name": "run_query",
+        "description": "Run a query",
+        "parameters": {"type": "object", "properties": {"sql": {"type": "string"}}},
+        "strict": True,
+    },
+}
+BARE = {"type": "function", "function": {"name": "ping"}}  # no description, no parameters
+
+
+def _call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments, separators=(",", ":"))},
+    }
+
+
+@dataclass(frozen=True)
+class Case:
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = "auto"
+
+
+HISTORY = [
+    {"role": "user", "content": "Weather in Oslo for 2 days, and run the query?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "reasoning_content": "Two calls.",
+        "tool_calls": [
+            _call("functions.get_weather:0", "get_weather", {"city": "Oslo", "days": 2}),
+            _call(
+                "functions.run_query:1",
+                "run_query",
+                {"sql": "SELECT 1", "limit": 2.5, "fast": True, "tags": ["a"], "x": None},
+            ),
+        ],
+    },
+    {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": '{"t": -3}'},
+    {"role": "tool", "tool_call_id": "functions.run_query:1", "content": "1 row"},
+]
+
+CASES: dict[str, Case] = {
+    "tools": Case([{"role": "user", "content": "Weather in Paris?"}], [WEATHER, QUERY, BARE]),
+    "tool_results_typed_arguments": Case(HISTORY, [WEATHER, QUERY]),
+    "named_tool_choice": Case(
+        [{"role": "user", "content": "Run it."}],
+        [WEATHER, QUERY],
+        {"type": "function", "function": {"name": "run_query"}},
+    ),
+    "tool_choice_none": Case([{"role": "user", "content": "No tools."}], [WEATHER], "none"),
+    "content_parts": Case(
+        [
+            {
+                "role": "system",
+                "content": [{"type": "text", "text": "Be"}, {"type": "text", "text": "terse."}],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "First part."}, {"type": "text", "text": "B"}],
+            },
+        ]
+    ),
+    "tool_content_parts": Case(
+        [
+            *HISTORY[:3],
+            {
+                "role": "tool",
+                "tool_call_id": "functions.run_query:1",
+                "content": [{"type": "text", "text": "1"}, {"type": "text", "text": "row"}],
+            },
+        ],
+        [WEATHER, QUERY],
+    ),
+    "user_name": Case([{"role": "user", "name": "alice", "content": "Hi"}]),
+}
+
+
+@dataclass
+class Target:
+    name: str
+    directory: Path
+    model: EmulatedModel
+    loaded: LoadedTokenizer
+
+
+@pytest.fixture(scope="module")
+def targets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Target]:
+    root = tmp_path_factory.mktemp("normalization")
+    dirs = {
+        "qwen36": build_qwen36_tokenizer(root / "qwen36"),
+        "kimi_k26": build_kimi_k26_tokenizer(root / "kimi_k26"),
+    }
+    return {n: Target(n, d, EmulatedModel(d), load_tokenizer(d)) for n, d in dirs.items()}
+
+
+def _bodies(target: Target, cases: list[Case]) -> list[dict[str, Any]]:
+    kwargs = target.loaded.profile.template_kwargs(True)
+    bodies = []
+    for case in cases:
+        body: dict[str, Any] = {
+            "model": "m",
+            "messages": case.messages,
+            "max_tokens": 1,
+            "chat_template_kwargs": kwargs,
+            "return_token_ids": True,
+        }
+        if case.tools:
+            body["tools"] = case.tools
+            body["tool_choice"] = case.tool_choice
+        bodies.append(body)
+    return bodies
+
+
+def served_prompt_ids(target: Target, version: str, cases: list[Case]) -> list[list[int] | str]:
+    """The prompt ids the emulated server's chat endpoint used for each case (or its error)."""
+    settings = EmulatorSettings(tokenizer_dir=target.directory, sglang_version=version)
+
+    async def run() -> list[list[int] | str]:
+        server = TestServer(build_app(settings, target.model), host="127.0.0.1")
+        await server.start_server()
+        try:
+            async with httpx2.AsyncClient(base_url=str(server.make_url(""))) as http:
+                out: list[list[int] | str] = []
+                for body in _bodies(target, cases):
+                    response = await http.post("/v1/chat/completions", json=body)
+                    answer = response.json()
+                    if response.status_code != 200:
+                        out.append(str(answer))
+                        continue
+                    out.append(answer["prompt_token_ids"])
+                return out
+        finally:
+            await server.close()
+
+    return asyncio.run(asyncio.wait_for(run(), 120))
+
+
+def worker_prompt_ids(target: Target, profile: str, case: Case) -> list[int] | str:
+    native = NativeChat(target.loaded, thinking=True, normalization=BY_NAME[profile])
+    try:
+        return native.render_messages(case.messages, case.tools, case.tool_choice).input_ids
+    except ValueError as err:
+        return str(err)
+
+
+# -- the agreement --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("profile", PROFILE_NAMES)
+@pytest.mark.parametrize("family", ["qwen36", "kimi_k26"])
+def test_every_case_renders_to_the_chat_endpoints_ids(
+    targets: dict[str, Target], family: str, profile: str
+) -> None:
+    target = targets[family]
+    version = ".".join(map(str, BY_NAME[profile].since)) if profile != "sglang-0.5.1" else "0.5.1"
+    names = sorted(CASES)
+    served = served_prompt_ids(target, version, [CASES[n] for n in names])
+    for name, server_ids in zip(names, served, strict=True):
+        if isinstance(server_ids, str):
+            # the server refused it (e.g. 0.5.1 hands Qwen's template argument text, which it
+            # cannot iterate): the worker's rendering must refuse it too
+            assert isinstance(worker_prompt_ids(target, profile, CASES[name]), str), name
+            continue
+        assert worker_prompt_ids(target, profile, CASES[name]) == server_ids, name
+
+
+def test_the_newest_profile_renders_every_case(targets: dict[str, Target]) -> None:
+    """The default profile refuses none of the cases, for either family."""
+    for target in targets.values():
+        served = served_prompt_ids(target, "0.5.23", list(CASES.values()))
+        assert all(isinstance(ids, list) for ids in served), served
+
+
+def test_the_profiles_render_tools_differently(targets: dict[str, Target]) -> None:
+    """The cases tell the profiles apart: else agreement would prove nothing per version."""
+    target = targets["qwen36"]
+    renders = {p: worker_prompt_ids(target, p, CASES["tools"]) for p in PROFILE_NAMES}
+    assert renders["sglang-0.5.23"] != renders["sglang-0.5.11"] != renders["sglang-0.5.9"]
+    assert renders["sglang-0.5.9"] != renders["sglang-0.5.4"]
+
+
+@pytest.mark.parametrize("family", ["qwen36", "kimi_k26"])
+def test_bundled_prompts_render_as_the_server_and_the_tokenize_stage(
+    targets: dict[str, Target], family: str
+) -> None:
+    """The 41 bundled prompts: the chat endpoint's prompt ids (SGLang 0.5.23), `--api native`'s
+    and the tokenize stage's rendering are the same ids: no drift at the prompt side."""
+    target = targets[family]
+    rows = [json.loads(line) for line in SAMPLES.read_text().splitlines() if line.strip()]
+    prompts = [make_prompt_record(row, "samples") for row in rows]
+    cases = [Case(p.messages, p.tools) for p in prompts]
+    served = served_prompt_ids(target, "0.5.23", cases)
+    builder = SampleBuilder(target.loaded.tokenizer, target.loaded.profile)
+    kwargs = target.loaded.profile.template_kwargs(True)
+    native = NativeChat(target.loaded, thinking=True)
+    differ = []
+    for prompt, server_ids in zip(prompts, served, strict=True):
+        assert isinstance(server_ids, list), server_ids
+        record = CompletionRecord(
+            prompt_id=prompt.prompt_id,
+            messages=prompt.messages,
+            tools=prompt.tools,
+            content="x",
+            sampling={"chat_template_kwargs": kwargs},
+            normalization=NEWEST.name,
+        )
+        rendered = target.model.encode(builder.render_prompt(record))
+        if not (rendered == server_ids == native.render(prompt).input_ids):
+            differ.append(prompt.prompt_id)
+    assert len(prompts) == 41
+    assert differ == []
+
+
+# -- the server's version picks the profile -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("version", "forced", "expected"),
+    [
+        ("0.5.23", None, "sglang-0.5.23"),
+        ("0.5.12", None, "sglang-0.5.11"),
+        ("0.5.8", None, "sglang-0.5.4"),
+        ("0.5.3", None, "sglang-0.5.1"),
+        ("0.5.12", "sglang-0.5.23", "sglang-0.5.23"),
+    ],
+)
+def test_the_worker_takes_the_profile_of_the_reported_version(
+    targets: dict[str, Target], version: str, forced: str | None, expected: str
+) -> None:
+    target = targets["qwen36"]
+    settings = EmulatorSettings(tokenizer_dir=target.directory, sglang_version=version)
+
+    async def run() -> tuple[str, str | None, str]:
+        server = TestServer(build_app(settings, target.model), host="127.0.0.1")
+        await server.start_server()
+        client = SGLangClient(
+            GenerateSettings(
+                server=str(server.make_url("")).rstrip("/"),
+                kafka=KafkaSettings(bootstrap="127.0.0.1:9"),
+                normalization=forced,
+            )
+        )
+        try:
+            await client.discover()
+            chosen = await client.use_server_version()
+            record = await client.complete(
+                make_prompt_record({"messages": [{"role": "user", "content": "Hi"}]}, "t")
+            )
+            return chosen.name, client.server_version, record.normalization
+        finally:
+            await client.close()
+            await server.close()
+
+    name, reported, recorded = asyncio.run(asyncio.wait_for(run(), 60))
+    assert (name, reported, recorded) == (expected, version, expected)
+
+
+def test_profile_for_version() -> None:
+    assert profile_for_version("0.5.23.post1").name == "sglang-0.5.23"
+    assert profile_for_version("v0.6.0rc1").name == "sglang-0.5.23"
+    assert profile_for_version("0.5.22").name == "sglang-0.5.11"
+    assert profile_for_version("0.5.10").name == "sglang-0.5.10"
+    assert profile_for_version("0.5.9").name == "sglang-0.5.9"
+    assert profile_for_version("0.4.6.post5").name == "sglang-0.5.1"
+    # no version, or none we can read: the newest
+    assert profile_for_version(None) is NEWEST
+    assert profile_for_version("emulator") is NEWEST
+
+
+def test_settings_offer_every_profile() -> None:
+    assert typing.get_args(Normalization) == PROFILE_NAMES
+    assert [p.name for p in PROFILES][-1] == NEWEST.name
+
+
+# -- what each profile hands the template ---------------------------------------------------
+
+
+def test_tool_dumps_per_version() -> None:
+    tools = [WEATHER, BARE]
+    assert BY_NAME["sglang-0.5.4"].tools(tools) == [
+        {
+            "description": "Weather for a city",
+            "name": "get_weather",
+            "parameters": WEATHER["function"]["parameters"],
+            "strict": False,
+        },
+        {"description": None, "name": "ping", "parameters": None, "strict": False},
+    ]
+    wrapped = BY_NAME["sglang-0.5.9"].tools(tools)
+    assert wrapped is not None and list(wrapped[0]) == ["type", "function"]
+    eleven = BY_NAME["sglang-0.5.11"].tools(tools)
+    assert eleven is not None and eleven[0]["defer_loading"] is None
+    assert list(eleven[0]["function"]) == ["description", "name", "parameters", "strict"]
+    newest = NEWEST.tools(tools)
+    assert newest == [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": WEATHER["function"]["parameters"],
+                "description": "Weather for a city",
+            },
+            "defer_loading": None,
+        },
+        {
+            "type": "function",
+            "function": {"name": "ping", "description": None, "parameters": None},
+            "defer_loading": None,
+        },
+    ]
+    assert newest is not None and list(newest[0]["function"]) == [
+        "name",
+        "parameters",
+        "description",
+    ]
+    assert NEWEST.tools([QUERY])[0]["function"]["strict"] is True  # type: ignore[index]
+    assert NEWEST.tools(tools, "none") is None
+    named = NEWEST.tools(tools, {"type": "function", "function": {"name": "ping"}})
+    assert [t["function"]["name"] for t in named or []] == ["ping"]
+
+
+def test_message_dumps_per_version() -> None:
+    history = HISTORY[1]
+    old = BY_NAME["sglang-0.5.1"].messages([history])[0]
+    assert isinstance(old["tool_calls"][0]["function"]["arguments"], str)
+    new = NEWEST.messages([history])[0]
+    assert new["tool_calls"][1]["function"]["arguments"] == {
+        "sql": "SELECT 1",
+        "limit": 2.5,
+        "fast": True,
+        "tags": ["a"],
+        "x": None,
+    }
+    assert new["tool_calls"][0]["index"] is None  # ToolCall's dump, nested None kept
+    assert "tool_call_id" not in new and "name" not in new  # top-level None left out
+    # a user message keeps role and content only; None content is ""
+    assert NEWEST.messages([{"role": "user", "name": "a", "content": "x"}]) == [
+        {"role": "user", "content": "x"}
+    ]
+    assert NEWEST.messages([{"role": "assistant", "content": None}]) == [
+        {"role": "assistant", "content": ""}
+    ]
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    assert NEWEST.messages([{"role": "user", "content": parts}], "string")[0]["content"] == "a b"
+    assert NEWEST.messages([{"role": "user", "content": parts}], "openai")[0]["content"] == parts
+    tool = {"role": "tool", "tool_call_id": "c", "content": parts}
+    assert NEWEST.messages([tool], "openai")[0]["content"] == "a b"
+    assert BY_NAME["sglang-0.5.10"].messages([tool], "openai")[0]["content"] == parts
+    with pytest.raises(NormalizationError):
+        NEWEST.messages([{**history, "tool_calls": [_bad_arguments()]}])
+
+
+def _bad_arguments() -> dict[str, Any]:
+    return {"id": "x", "type": "function", "function": {"name": "f", "arguments": "{not json"}}
+
+
+def test_reasoning_effort_keyword_per_version() -> None:
+    assert BY_NAME["sglang-0.5.9"].template_kwargs({"thinking": True}) == {
+        "reasoning_effort": "medium",
+        "thinking": True,
+    }
+    assert NEWEST.template_kwargs({"thinking": True}) == {"thinking": True}
+    assert NEWEST.template_kwargs({}, "high") == {"reasoning_effort": "high"}
+
+
+def test_content_format_detection(targets: dict[str, Target]) -> None:
+    assert detect_content_format("{{ messages[0]['content'] }}") == "string"
+    assert detect_content_format("{% for c in message['content'] %}{{ c }}{% endfor %}") == (
+        "openai"
+    )
+    assert detect_content_format("{% for c in m.content | list %}{{ c }}{% endfor %}") == "openai"
+    for target in targets.values():  # both mention images: SGLang's shortcut says openai
+        assert target.model.content_format == "openai"
+
+
+def test_a_normalization_difference_is_its_own_drift_cause(targets: dict[str, Target]) -> None:
+    """A server that preprocessed as 0.5.11 while the record says 0.5.23: the prompt drifts,
+    and the cause names the profile that renders the server's ids, not a token pair."""
+    target = targets["qwen36"]
+    kwargs = target.loaded.profile.template_kwargs(True)
+    record = CompletionRecord(
+        prompt_id="p",
+        messages=CASES["tools"].messages,
+        tools=CASES["tools"].tools,
+        content="It is sunny.",
+        reasoning_content="Easy.\n",
+        finish_reason="stop",
+        sampling={"chat_template_kwargs": kwargs},
+        normalization=NEWEST.name,
+    )
+    builder = SampleBuilder(target.loaded.tokenizer, target.loaded.profile)
+    old_prompt = builder.render_prompt(record, BY_NAME["sglang-0.5.11"])
+    turn = builder.render(record).turn
+    served = replace_ids(record, target.model.encode(old_prompt), target.model.encode(turn))
+    sample = builder.build(served)
+    assert sample.drift is True
+    assert sample.normalization == "sglang-0.5.23"
+    assert sample.drift_cause is not None
+    assert sample.drift_cause.key == "prompt normalization: the server rendered as sglang-0.5.11"
+    # rendered as the server did, it does not drift
+    agreeing = builder.build(
+        replace_ids(
+            served, target.model.encode(builder.render_prompt(record)), target.model.encode(turn)
+        )
+    )
+    assert (agreeing.drift, agreeing.drift_cause) == (False, None)
+
+
+def replace_ids(record: CompletionRecord, prompt: list[int], output: list[int]) -> CompletionRecord:
+    return dataclasses.replace(record, prompt_token_ids=prompt, output_token_ids=output)
+
+
+@pytest.mark.parametrize("api", ["chat", "native"])
+@pytest.mark.parametrize("family", ["qwen36", "kimi_k26"])
+def test_bundled_prompts_do_not_drift(targets: dict[str, Target], family: str, api: str) -> None:
+    """`draftgen run`'s path without Kafka: the 41 bundled prompts generated by the client
+    against the emulator (SGLang 0.5.23; some answers are tool calls), then built by the
+    tokenize stage with the drift check: no sample drifts."""
+    target = targets[family]
+    rows = [json.loads(line) for line in SAMPLES.read_text().splitlines() if line.strip()]
+    prompts = [make_prompt_record(row, "samples") for row in rows]
+    settings = EmulatorSettings(tokenizer_dir=target.directory, tool_call_rate=0.5)
+
+    async def run() -> list[CompletionRecord]:
+        server = TestServer(build_app(settings, target.model), host="127.0.0.1")
+        await server.start_server()
+        reuse = mock.patch("streams.generate.client.load_tokenizer", return_value=target.loaded)
+        with reuse:
+            client = SGLangClient(
+                GenerateSettings(
+                    server=str(server.make_url("")).rstrip("/"),
+                    kafka=KafkaSettings(bootstrap="127.0.0.1:9"),
+                    api=api,
+                    tokenizer_dir=str(target.directory) if api == "native" else None,
+                )
+            )
+        try:
+            await client.discover()
+            await client.use_server_version()
+            await client.probe_ids()
+            return [await client.complete(p) for p in prompts]
+        finally:
+            await client.close()
+            await server.close()
+
+    records = asyncio.run(asyncio.wait_for(run(), 300))
+    records = [CompletionRecord.decode(r.encode()) for r in records]
+    assert {r.normalization for r in records} == {NEWEST.name}
+    if api == "chat":  # /generate gets ids only: its emulated model writes no tool calls
+        assert any(r.tool_calls for r in records)  # the turn side is exercised too
+    builder = SampleBuilder(target.loaded.tokenizer, target.loaded.profile)
+    samples = builder.build_many(records)
+    drifted = [
+        (r.prompt_id, str(getattr(s, "drift_cause", s)))
+        for r, s in zip(records, samples, strict=True)
+        if not (isinstance(s, Sample) and s.drift is False)
+    ]
+    assert len(records) == 41
+    assert drifted == []
