@@ -506,7 +506,9 @@ def _by_source(
         dropped.update(kafka.upstream_by_source)
     result: dict[str, dict[str, Any]] = {}
     for source in sorted(set(totals.by_source) | set(dropped)):
-        figures = totals.source_figures(source) if source in totals.by_source else {"samples": 0}
+        figures: dict[str, Any] = (
+            totals.source_figures(source) if source in totals.by_source else {"samples": 0}
+        )
         if kafka is None:
             figures["drops"] = figures["drop_rate"] = NOT_RECORDED
         else:

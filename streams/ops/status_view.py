@@ -26,6 +26,9 @@ class DatasetRow:
     compared: int = 0
     drifted: int = 0
     drift_causes: dict[str, int] = field(default_factory=dict)
+    # the version's recorded drops (policy_* and the tokenize stage's errors), by kind: each
+    # prompt once, unlike the dead-letters topic, which every version under the prefix shares
+    drops: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -321,7 +324,7 @@ def render_text(snapshot: StatusSnapshot) -> str:
         lines += ["", f"datasets in {s.out}"]
         if s.datasets:
             lines += table(
-                ["dataset", "samples", "tokens", "loss tokens", "shards", "duplicates"],
+                ["dataset", "samples", "tokens", "loss tokens", "shards", "duplicates", "dropped"],
                 [
                     [
                         d.dataset,
@@ -330,6 +333,7 @@ def render_text(snapshot: StatusSnapshot) -> str:
                         count(d.loss_tokens),
                         count(d.shards),
                         count(d.duplicates),
+                        count(sum(d.drops.values())),
                     ]
                     for d in s.datasets
                 ],
