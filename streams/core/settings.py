@@ -222,6 +222,9 @@ class _StackBootstrap(PydanticBaseSettingsSource):
         return None, field_name, False
 
     def __call__(self) -> dict[str, Any]:
+        # the flag or the environment named one already (by the field's name or its alias)
+        if self.current_state.keys() & {"bootstrap", "DRAFTGEN_BOOTSTRAP", "draftgen_bootstrap"}:
+            return {}
         stack = current_stack()
         return {"bootstrap": stack.bootstrap} if stack is not None else {}
 
