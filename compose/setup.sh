@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One entry point for a fresh machine: builds .venv from the lock file, then runs
-#   compose/setup.sh run [draftgen run flags...]   the main job
+#   compose/setup.sh run [draftgen run flags...]   the main job, on the local stack (started
+#                                                  first unless it runs or --bootstrap is given)
+#   compose/setup.sh up | down | status             the local stack (Kafka + S3) that stays up
 #   compose/setup.sh test [pytest args...]         the static checks, then the test suite
 #   compose/setup.sh check                         the static checks only: import layers, ruff, mypy
 #   compose/setup.sh env                           only the environment
@@ -32,7 +34,12 @@ checks() {
 cmd=${1:-run}
 shift || true
 case "$cmd" in
-  run)  exec "$venv/bin/draftgen" run "$@" ;;
+  run)  case " $* " in
+          *" --bootstrap"*) ;;
+          *) "$venv/bin/draftgen" stack up ;;  # kept for status, dead-letters, replay, seal
+        esac
+        exec "$venv/bin/draftgen" run "$@" ;;
+  up|down|status) exec "$venv/bin/draftgen" stack "$cmd" "$@" ;;
   test) cd "$repo"
         checks  # the static checks first: a layer or type error fails before the slow suite
         # the report's browser test needs chromium: installed here when missing (root, apt-get)
@@ -42,5 +49,5 @@ case "$cmd" in
         exec "$venv/bin/python" -m pytest -n 2 --dist loadfile "$@" ;;
   check) cd "$repo"; checks ;;
   env)  exit 0 ;;
-  *)    echo "usage: compose/setup.sh {run|test|check|env} [args...]" >&2; exit 2 ;;
+  *)    echo "usage: compose/setup.sh {run|up|down|status|test|check|env} [args...]" >&2; exit 2 ;;
 esac

@@ -9,6 +9,7 @@ A command wraps itself in `compose.process.interrupt_guard` for the signal handl
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import urllib.request
 from collections.abc import Sequence
@@ -19,11 +20,13 @@ from compose.kafka import KafkaBroker
 from compose.process import (
     InterruptGuard,
     ManagedProcess,
+    ServiceError,
     free_port,
     interrupt_guard,
     stop_together,
 )
 from compose.seaweedfs import SeaweedS3
+from streams.core.stack_state import StackState
 
 
 def draftgen_argv(*args: str) -> list[str]:
@@ -144,3 +147,125 @@ class LocalStack:
                 stop_together(servers)
             finally:
                 stop_together(infra, grace=20)
+
+
+# -- the local stack that stays up (`draftgen stack up|down|status`) ----------------------------
+
+# the bucket the stack's SeaweedFS starts with
+STACK_BUCKET = "draftgen-local"
+STACK_LOG = "supervisor.log"
+# how often the supervisor looks at its services
+STACK_WATCH_S = 5.0
+
+
+def serve_stack(directory: Path) -> int:
+    """The stack's supervisor, in the foreground: starts Kafka and SeaweedFS (fresh data under
+    `directory/data`), writes the state file once both answer, watches them, and on SIGTERM
+    (`stack down`) or if one of them dies, stops both and removes the state file."""
+    import secrets
+    import shutil
+    import time
+
+    from streams.core.stack_state import STATE_FILE, StackState, read_state
+
+    data = directory / "data"
+    shutil.rmtree(data, ignore_errors=True)  # a stack starts empty: the last one's data goes
+    with LocalStack(data) as stack:
+        try:
+            bootstrap = stack.start_kafka()
+            s3 = SeaweedS3(data / "s3", secret_key=secrets.token_hex(16))
+            stack.s3 = s3
+            s3.start()
+            s3.create_bucket(STACK_BUCKET)
+            state = StackState(
+                pid=os.getpid(),
+                bootstrap=bootstrap,
+                s3_endpoint_url=s3.endpoint.endpoint_url,
+                s3_access_key=s3.endpoint.access_key,
+                s3_secret_key=s3.endpoint.secret_key,
+                bucket=STACK_BUCKET,
+                workdir=str(data),
+            )
+            state.write(directory)
+            print(f"stack up: Kafka {bootstrap}, S3 {s3.endpoint.endpoint_url}", flush=True)
+            services = [s.process for s in (stack.kafka, stack.s3) if s and s.process]
+            while all(p.alive() for p in services):
+                time.sleep(STACK_WATCH_S)  # a signal interrupts it (interrupt_guard)
+            dead = ", ".join(p.name for p in services if not p.alive())
+            print(f"stack: {dead} exited; stopping the stack", flush=True)
+            return 1
+        finally:
+            mine = read_state(directory)
+            if mine is not None and mine.pid == os.getpid():
+                (directory / STATE_FILE).unlink(missing_ok=True)
+
+
+def start_stack(directory: Path, timeout: float = 180.0) -> StackState:
+    """`stack up`: the supervisor as a detached process (its own session, not a child that dies
+    with us), waited for until its state file names it and its broker answers."""
+    import subprocess
+    import time
+
+    from streams.core.stack_state import live_stack, read_state
+
+    running = live_stack(directory)
+    if running is not None:
+        return running
+    directory.mkdir(parents=True, exist_ok=True)
+    log = directory / STACK_LOG
+    with open(log, "ab") as out:
+        popen = subprocess.Popen(
+            draftgen_argv("stack", "serve", "--stack-dir", str(directory)),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # outlives this command and its terminal
+        )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = read_state(directory)
+        if state is not None and state.pid == popen.pid:
+            return state
+        if popen.poll() is not None:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+            raise ServiceError(f"the stack did not start; see {log}:\n{tail}")
+        time.sleep(0.5)
+    popen.terminate()
+    raise ServiceError(f"the stack not up after {timeout:.0f}s; see {log}")
+
+
+def stop_stack(directory: Path, timeout: float = 60.0) -> StackState | None:
+    """`stack down`: SIGTERM to the supervisor (by the PID in the state file), which stops its
+    services; waits for it to exit. None if no stack runs."""
+    import signal
+    import time
+
+    from streams.core.stack_state import STATE_FILE, live_stack
+
+    state = live_stack(directory)
+    if state is None:
+        (directory / STATE_FILE).unlink(missing_ok=True)  # a stale file: its supervisor is gone
+        return None
+    os.kill(state.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if live_stack(directory) is None and not _pid_running(state.pid):
+            return state
+        time.sleep(0.25)
+    raise ServiceError(
+        f"the stack's supervisor (pid {state.pid}) did not stop in {timeout:.0f}s: "
+        f"kill -KILL {state.pid} (its services die with it)"
+    )
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie has exited: it waits only for its parent to reap it
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False

@@ -19,6 +19,20 @@ from compose.seaweedfs import SeaweedS3
 from compose.stack import LocalStack
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A stack the developer left up (`draftgen stack up`) is not the tests': commands without
+    --bootstrap would find it. Each session looks in a directory of its own (the stack test
+    starts one there)."""
+    previous = os.environ.get("DRAFTGEN_STACK_DIR")
+    os.environ["DRAFTGEN_STACK_DIR"] = str(tmp_path_factory.mktemp("no-stack"))
+    yield
+    if previous is None:
+        os.environ.pop("DRAFTGEN_STACK_DIR", None)
+    else:
+        os.environ["DRAFTGEN_STACK_DIR"] = previous
+
+
 @pytest.fixture(scope="session")
 def infra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     stack = LocalStack(tmp_path_factory.mktemp("infra"))

@@ -198,6 +198,8 @@ def describe(cls: type[BaseSettings], err: ValidationError) -> str:
     flag = _extra(owner.model_fields[name]).get("flag")
     names = env_names(owner, name)
     if first["type"] == "missing":
+        if flag == "--bootstrap":  # the one setting the local stack can give
+            return f"{flag} is required (or set {names[0]}, or start `draftgen stack up`)"
         return f"{flag} is required (or set {names[0]})" if flag else f"set {names[0]}"
     # A flag's own value was checked as it was parsed: a bad value here is from the
     # environment when a variable of the setting is set, and is named so.

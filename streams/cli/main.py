@@ -20,6 +20,7 @@ from streams.cli import (
     report,
     run,
     seal,
+    stack,
     status,
     worker,
 )
@@ -28,7 +29,19 @@ from streams.core.errors import CliError
 from streams.core.outage import quiet_repeats, short_error
 from streams.core.settings import LogSettings
 
-COMMANDS = (run, publish, worker, replay, seal, dead_letters, status, export, report, emulate)
+COMMANDS = (
+    run,
+    publish,
+    worker,
+    replay,
+    seal,
+    dead_letters,
+    status,
+    export,
+    report,
+    emulate,
+    stack,
+)
 
 
 class Parser(argparse.ArgumentParser):

@@ -25,7 +25,7 @@ def register(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from sinks.reader import DatasetReader
     from sinks.shards import ShardStore
-    from streams.ops.report import build_report, read_kafka_facts, think_close_id
+    from streams.ops.report import build_report, collect, load_report_tokenizer, read_kafka_facts
     from streams.ops.report_render import write_report
 
     settings = build(ReportSettings, args)
@@ -34,21 +34,33 @@ def run(args: argparse.Namespace) -> int:
     info = reader.info()
     if info is None and not reader.shards():
         raise FileNotFoundError(f"no dataset version {settings.dataset!r} under {reader.store.url}")
-    think_close, note = think_close_id(settings.tokenizer_dir or (info or {}).get("tokenizer_dir"))
+    tokenizer_dir = settings.tokenizer_dir or (info or {}).get("tokenizer_dir")
+    think_close, note, tokenizer = load_report_tokenizer(tokenizer_dir)
     kafka = (
         asyncio.run(read_kafka_facts(settings.kafka, settings.dataset))
         if settings.kafka is not None
         else None
     )
+    totals = collect(reader, think_close)
     report = build_report(
-        reader, think_close=think_close, split_note=note, kafka=kafka, bins=settings.bins
+        reader,
+        think_close=think_close,
+        split_note=note,
+        kafka=kafka,
+        bins=settings.bins,
+        totals=totals,
+        tokenizer=tokenizer,
     )
-    written = write_report(report, Path(settings.output or f"report-{settings.dataset}"))
+    output = Path(settings.output or f"report-{settings.dataset}")
+    written = write_report(report, output, token_counts=totals.token_counts)
     print(
         f"{report['samples']} samples, {report['tokens']} tokens "
         f"(loss {report['loss_fraction']}) in {report['shards']} shards"
     )
     if report["not_recorded"]:
         print("not recorded: " + ", ".join(report["not_recorded"]))
-    print(f"report: {written['html']} (and {written['json'].name}, the PNG plots beside it)")
+    print(
+        f"report: {written['html']} (and {written['json'].name}, the PNG plots and "
+        f"{written['token_freq'].name}, the supervised-token counts, beside it)"
+    )
     return 0

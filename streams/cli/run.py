@@ -29,6 +29,7 @@ from streams.core.settings import (
     RunSettings,
     StorageSettings,
     TokenizeSettings,
+    current_stack,
     secrets_removed,
 )
 from streams.core.turns import finished
@@ -162,8 +163,13 @@ def run_pipeline(args: argparse.Namespace) -> int:
     load_tokenizer(tokenizer)  # refuse to start on a bad tokenizer directory, before any service
     specs = source_specs(args.sources)
     storage = StorageSettings(out=out)
+    # a running local stack (`draftgen stack up`) outlives the run: its broker keeps what
+    # `status`, `dead-letters`, `replay` and `seal` read afterwards
+    local = None if getattr(args, "bootstrap", None) else current_stack()
     with LocalStack(workdir) as stack:  # stops what it started, also on Ctrl-C
-        bootstrap = getattr(args, "bootstrap", None) or stack.start_kafka()
+        bootstrap = getattr(args, "bootstrap", None) or (
+            local.bootstrap if local else stack.start_kafka()
+        )
         servers = settings.server_urls or [
             stack.start_emulator(
                 tokenizer,
@@ -223,7 +229,66 @@ def run_pipeline(args: argparse.Namespace) -> int:
         except RunFailed as err:
             raise CliError(str(err)) from None
     print_summary(result, store.url, workdir)
+    print_next_steps(
+        out=out,
+        dataset=settings.dataset,
+        tokenizer=tokenizer,
+        broker=None if local else bootstrap,
+        broker_kept=local is not None or bool(getattr(args, "bootstrap", None)),
+        topic_prefix=kafka.topic_prefix,
+    )
     return 0
+
+
+def draftgen_command() -> list[str]:
+    """How to call this draftgen again: the venv's script beside this interpreter, else the
+    interpreter with `-m streams` (either works from any directory)."""
+    script = Path(sys.executable).parent / "draftgen"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "streams"]
+
+
+def print_next_steps(
+    *,
+    out: str,
+    dataset: str,
+    tokenizer: str,
+    broker: str | None,
+    broker_kept: bool,
+    topic_prefix: str = "",
+) -> None:
+    """What to do next, as commands that work as printed (from any directory)."""
+    import shlex
+
+    def command(*words: str, needs_broker: bool = False) -> str:
+        extra: list[str] = []
+        if needs_broker and broker:
+            extra += ["--bootstrap", broker]
+        if needs_broker and topic_prefix:
+            extra += ["--topic-prefix", topic_prefix]
+        return shlex.join([*draftgen_command(), *words, *extra])
+
+    where = ["--out", out, "--dataset", dataset]
+    print("next:")
+    print(f"  look at the data:  {command('report', *where, needs_broker=broker_kept)}")
+    export = [*where, "--format", "specforge", "--output", f"{dataset}.jsonl"]
+    print(f"  export it:         {command('export', *export)}")
+    if not broker_kept:
+        up = shlex.join([*draftgen_command(), "stack", "up"])
+        print(
+            "  the broker stopped with this run: to keep it for status, dead-letters, replay "
+            f"and seal, start a local stack first ({up}) and run again"
+        )
+        return
+    print(f"  where it stands:   {command('status', '--out', out, needs_broker=True)}")
+    print(f"  failed prompts:    {command('dead-letters', needs_broker=True)}")
+    replay = ["--out", out, "--dataset", f"{dataset}-v2", "--tokenizer", tokenizer]
+    print(
+        f"  rebuild (replay):  {command('replay', *replay, needs_broker=True)}"
+        "   (add --chat-template FILE; it keeps following new completions: Ctrl-C when done)"
+    )
+    print(f"  seal the version:  {command('seal', *where, needs_broker=True)}")
+    if broker is None:
+        print(f"  when done:         {shlex.join([*draftgen_command(), 'stack', 'down'])}")
 
 
 # the drift causes the summary names: the top few say what to fix first

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import ssl
+from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -25,7 +26,13 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from streams.core.stack_state import StackState, live_stack
 
 PROMPTS = "prompts"
 COMPLETIONS = "completions"
@@ -198,8 +205,54 @@ class Settings(BaseSettings):
     )
 
 
+class StackSettings(Settings):
+    """Where the local stack (`draftgen stack up`) keeps its state file and data."""
+
+    stack_dir: str = setting(
+        "~/.local/state/draftgen/stack",
+        flag="--stack-dir",
+        help="the local stack's state and data (default ~/.local/state/draftgen/stack)",
+    )
+
+    @property
+    def path(self) -> Path:
+        return Path(self.stack_dir).expanduser()
+
+
+def current_stack() -> StackState | None:
+    """The local stack that runs now (`draftgen stack up`), if any."""
+    return live_stack(StackSettings().path)
+
+
+class _StackBootstrap(PydanticBaseSettingsSource):
+    """The running local stack's broker: after the flag and the environment, before nothing."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        # the flag or the environment named one already (by the field's name or its alias)
+        if self.current_state.keys() & {"bootstrap", "DRAFTGEN_BOOTSTRAP", "draftgen_bootstrap"}:
+            return {}
+        stack = current_stack()
+        return {"bootstrap": stack.bootstrap} if stack is not None else {}
+
+
 class KafkaSettings(Settings):
     model_config = SettingsConfigDict(env_prefix="DRAFTGEN_KAFKA_")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # a flag, then the environment, then the local stack (`draftgen stack up`)
+        stack = _StackBootstrap(settings_cls)
+        return init_settings, env_settings, dotenv_settings, file_secret_settings, stack
 
     bootstrap: Bootstrap = setting(
         flag="--bootstrap",
@@ -338,12 +391,17 @@ class StorageSettings(Settings):
         if not self.out.startswith(("s3://", "s3a://")):
             return {}
         options: dict[str, Any] = {}
+        endpoint = self.s3_endpoint_url
         if self.s3_access_key and self.s3_secret_key:
             options["key"] = self.s3_access_key.get_secret_value()
             options["secret"] = self.s3_secret_key.get_secret_value()
+        elif endpoint is None and (stack := current_stack()) is not None and stack.holds(self.out):
+            # the local stack's bucket: its SeaweedFS and credentials, from its state file
+            options["key"], options["secret"] = stack.s3_access_key, stack.s3_secret_key
+            endpoint = stack.s3_endpoint_url
         client_kwargs: dict[str, Any] = {}
-        if self.s3_endpoint_url:
-            client_kwargs["endpoint_url"] = self.s3_endpoint_url
+        if endpoint:
+            client_kwargs["endpoint_url"] = endpoint
         if self.s3_region:
             client_kwargs["region_name"] = self.s3_region
         if client_kwargs:

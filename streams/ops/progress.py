@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sinks.shards import ShardStore
@@ -83,9 +84,16 @@ class DeadLetterTally:
 class DeadLetterReader:
     """Reads the dead-letters topic from the start, without a consumer group, incrementally."""
 
-    def __init__(self, kafka: KafkaSettings, keep_letters: bool = False):
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        keep_letters: bool = False,
+        on_letter: Callable[[DeadLetter], None] | None = None,
+    ):
         self.kafka = kafka
         self.keep_letters = keep_letters
+        # sees each letter once, as it is read (the report notes its source, not its payload)
+        self.on_letter = on_letter
         self.tally = DeadLetterTally()
         self._reader = TopicReader(kafka, kafka.topic(DEAD_LETTERS))
 
@@ -109,6 +117,8 @@ class DeadLetterReader:
                 self.tally.policy_ids.add(letter.prompt_id)
         if self.keep_letters:
             self.tally.letters.append(letter)
+        if self.on_letter is not None:
+            self.on_letter(letter)
 
     async def close(self) -> None:
         await self._reader.close()

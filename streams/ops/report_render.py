@@ -13,24 +13,38 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
-from streams.ops.report import LENGTHS, NOT_RECORDED
+from streams.ops.report import LENGTHS, NOT_RECORDED, token_frequencies
 
 Plot = Callable[[Any], None]
 
 
-def _figure(draw: Callable[[Any], None], width: float = 9.0, height: float = 5.0) -> bytes:
-    """PNG bytes of one figure drawn by `draw(figure)`."""
+def _figure(draw: Callable[[Any], None], width: float = 9.0, height: float = 5.0) -> Any:
+    """One matplotlib Figure drawn by `draw(figure)`."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(width, height), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)  # the Agg canvas, not pyplot's global state
     draw(figure)
+    return figure
+
+
+def _png(figure: Any) -> bytes:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png")
     return buffer.getvalue()
+
+
+def _count_axis(axis: Any) -> None:
+    """Counts and token lengths are whole numbers: integer ticks only, few enough that their
+    labels (with thousands separators) never touch."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(nbins=5, integer=True, min_n_ticks=1))
+    axis.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:,.0f}"))
 
 
 def _histogram(axes: Any, name: str, dist: dict[str, Any] | None) -> None:
@@ -47,6 +61,8 @@ def _histogram(axes: Any, name: str, dist: dict[str, Any] | None) -> None:
     axes.axvline(dist["p50"], color="#DD8452", linestyle="--", label=f"median {dist['p50']:g}")
     axes.axvline(dist["p90"], color="#C44E52", linestyle=":", label=f"p90 {dist['p90']:g}")
     axes.set_ylabel("samples")
+    _count_axis(axes.xaxis)
+    _count_axis(axes.yaxis)
     axes.legend(loc="upper right", fontsize="small")
 
 
@@ -60,10 +76,16 @@ def _bars(axes: Any, title: str, counts: dict[str, int], color: str) -> None:
     for y, value in enumerate(values[::-1]):
         axes.text(value, y, f" {value:,}", va="center", fontsize="small")
     axes.margins(x=0.15)
+    _count_axis(axes.xaxis)
 
 
 def plots(report: dict[str, Any]) -> dict[str, bytes]:
     """name → PNG bytes."""
+    return {name: _png(figure) for name, figure in figures(report).items()}
+
+
+def figures(report: dict[str, Any]) -> dict[str, Any]:
+    """name → matplotlib Figure, drawn."""
     lengths = report["lengths"]
 
     def draw_lengths(figure: Any) -> None:
@@ -74,7 +96,12 @@ def plots(report: dict[str, Any]) -> dict[str, bytes]:
         left, right = figure.subplots(1, 2)
         sources = report["by_source"]
         _bars(left, "samples per source", {s: c["samples"] for s, c in sources.items()}, "#4C72B0")
-        _bars(right, "tokens per source", {s: c["tokens"] for s, c in sources.items()}, "#55A868")
+        _bars(
+            right,
+            "tokens per source",
+            {s: c.get("tokens", 0) for s, c in sources.items()},
+            "#55A868",
+        )
         right.tick_params(labelleft=False)  # the same sources as on the left
 
     def draw_finish(figure: Any) -> None:
@@ -85,13 +112,14 @@ def plots(report: dict[str, Any]) -> dict[str, bytes]:
         "sources": _figure(draw_sources, 10.0, _bar_height(report["by_source"])),
         "finish_reasons": _figure(draw_finish, 7.0, _bar_height(report["finish_reasons"])),
     }
-    drops = report["policy_drops"]["by_kind"]
-    if isinstance(drops, dict):
+    # policy drops and errors of every stage known, by kind (drawn when there are any)
+    drops = {**report["policy_drops"]["by_kind"], **report["errors"]["by_kind"]}
+    if drops:
 
         def draw_drops(figure: Any) -> None:
-            _bars(figure.subplots(), "policy drops", drops, "#C44E52")
+            _bars(figure.subplots(), "policy drops and errors", drops, "#C44E52")
 
-        result["policy_drops"] = _figure(draw_drops, 7.0, _bar_height(drops))
+        result["policy_drops"] = _figure(draw_drops, 8.0, _bar_height(drops))
     return result
 
 
@@ -129,13 +157,47 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _counts(title: str, section: dict[str, Any]) -> str:
+def _counts(title: str, section: dict[str, Any], unit: str = "prompts") -> str:
     by_kind = section["by_kind"]
     note = f'<p class="note">from: {html.escape(section["source"])}</p>'
     if not isinstance(by_kind, dict):
         return f"<h3>{title}</h3>{note}<p>{_cell(NOT_RECORDED)}</p>"
     rows: list[list[Any]] = [[k, n] for k, n in by_kind.items()] or [["(none)", 0]]
-    return f"<h3>{title}</h3>{note}" + _table(["kind", "count"], rows)
+    rows.append(["total", section["total"]])
+    return f"<h3>{title}</h3>{note}" + _table(["kind", unit], rows)
+
+
+def _sources_table(sources: dict[str, dict[str, Any]]) -> str:
+    header = ["source", "samples", "tokens", "loss tokens", "mean length", "p50", "p90", "max"]
+    header += ["mean generated", "drops", "drop rate"]
+    rows = [
+        [
+            name,
+            c["samples"],
+            c.get("tokens", 0),
+            c.get("loss_tokens", 0),
+            c.get("mean_length"),
+            c.get("p50_length"),
+            c.get("p90_length"),
+            c.get("max_length"),
+            c.get("mean_generated"),
+            c["drops"],
+            c["drop_rate"],
+        ]
+        for name, c in sources.items()
+    ]
+    return _table(header, rows)
+
+
+def _tokens_table(section: dict[str, Any]) -> str:
+    named = any("token" in row for row in section["top"])
+    header = ["token id", *(["token"] if named else []), "count", "share"]
+    total = section["total"] or 1
+    rows = [
+        [row["id"], *([row.get("token", "")] if named else []), row["count"], row["count"] / total]
+        for row in section["top"]
+    ]
+    return _table(header, rows)
 
 
 def _image(name: str, png: bytes) -> str:
@@ -156,6 +218,8 @@ def render_html(report: dict[str, Any], pngs: dict[str, bytes]) -> str:
             [key, dist["count"], dist["mean"], dist["p50"], dist["p90"], dist["p99"], dist["max"]]
         )
     split = report["reasoning_split"]
+    outcomes = report["outcomes"]
+    tokens = report["supervised_tokens"]
     drift = report["drift"]
     dup = report["duplicates"]
     parts = [
@@ -176,13 +240,10 @@ def render_html(report: dict[str, Any], pngs: dict[str, bytes]) -> str:
             ],
         ),
         "<h2>Sources</h2>",
-        _table(
-            ["source", "samples", "tokens", "loss tokens"],
-            [
-                [s, c["samples"], c["tokens"], c["loss_tokens"]]
-                for s, c in report["by_source"].items()
-            ],
-        ),
+        _sources_table(report["by_source"]),
+        '<p class="note">lengths in tokens, prompt included; drop rate = drops / (samples + '
+        "drops), drops = this version's recorded drops plus the earlier stages' dead letters, "
+        "by the source their letters name (needs the broker)</p>",
         _image("sources", pngs["sources"]),
         "<h2>Lengths</h2>",
         f'<p class="note">reasoning / answer {"split at" if split["computed"] else "not split:"} '
@@ -195,9 +256,29 @@ def render_html(report: dict[str, Any], pngs: dict[str, bytes]) -> str:
         _table(["finish reason", "samples"], [[k, n] for k, n in report["finish_reasons"].items()]),
         _image("finish_reasons", pngs["finish_reasons"]),
         "<h2>Drops and errors</h2>",
+        _table(
+            ["prompts of this version", "samples", "policy drops", "tokenize errors"],
+            [
+                [
+                    outcomes["prompts"],
+                    outcomes["samples"],
+                    outcomes["policy_drops"],
+                    outcomes["tokenize_errors"],
+                ]
+            ],
+        ),
         _counts("Policy drops", report["policy_drops"]),
+        _counts("Errors of the tokenize stage", report["errors"]["tokenize"]),
+        _counts(
+            "Errors of the stages before (publish, generate)",
+            report["errors"]["upstream"],
+            unit="dead letters",
+        ),
         _image("policy_drops", pngs["policy_drops"]) if "policy_drops" in pngs else "",
-        _counts("Errors", report["errors"]),
+        "<h2>Supervised tokens</h2>",
+        f'<p class="note">{html.escape(tokens["note"])}; {tokens["total"]:,} supervised '
+        f"tokens, {tokens['distinct']:,} distinct; the {len(tokens['top'])} most frequent:</p>",
+        _tokens_table(tokens),
         "<h2>Drift</h2>",
         _table(
             ["compared", "drifted", "rate"],
@@ -231,12 +312,18 @@ def render_html(report: dict[str, Any], pngs: dict[str, bytes]) -> str:
     )
 
 
-def write_report(report: dict[str, Any], directory: Path) -> dict[str, Path]:
-    """Write report.json, one PNG per plot and report.html; return name → path."""
+def write_report(
+    report: dict[str, Any], directory: Path, token_counts: np.ndarray | None = None
+) -> dict[str, Path]:
+    """Write report.json, one PNG per plot, report.html and, given the supervised-token counts,
+    token_freq.json (token id → count, SpecForge's `token_dict`); return name → path."""
     directory.mkdir(parents=True, exist_ok=True)
     pngs = plots(report)
     written = {"json": directory / "report.json", "html": directory / "report.html"}
     written["json"].write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+    if token_counts is not None:
+        written["token_freq"] = directory / report["supervised_tokens"]["file"]
+        written["token_freq"].write_bytes(orjson.dumps(token_frequencies(token_counts)))
     for name, png in pngs.items():
         path = directory / f"{name}.png"
         path.write_bytes(png)
@@ -245,4 +332,4 @@ def write_report(report: dict[str, Any], directory: Path) -> dict[str, Path]:
     return written
 
 
-__all__ = ["plots", "render_html", "write_report"]
+__all__ = ["figures", "plots", "render_html", "write_report"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections import Counter
 
 import fsspec
 import orjson
@@ -208,6 +209,7 @@ class StatusProbe:
                     loss_tokens=figures.loss_tokens,
                     shards=figures.shards,
                     duplicates=figures.replaced,
+                    drops=dict(sorted(Counter(figures.drops.values()).items())),
                     compared=figures.compared,
                     drifted=figures.drifted,
                     drift_causes=dict(figures.drift_causes.most_common(STATUS_CAUSES)),

@@ -29,6 +29,9 @@ class DatasetRow:
     # samples by the SGLang preprocessing profile their prompt was rendered with
     # (streams/core/serving.py; "" for completions written before profiles)
     normalizations: dict[str, int] = field(default_factory=dict)
+    # the version's recorded drops (policy_* and the tokenize stage's errors), by kind: each
+    # prompt once, unlike the dead-letters topic, which every version under the prefix shares
+    drops: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -341,6 +344,7 @@ def render_text(snapshot: StatusSnapshot) -> str:
                     "loss tokens",
                     "shards",
                     "duplicates",
+                    "dropped",
                     "rendered as",
                 ],
                 [
@@ -351,6 +355,7 @@ def render_text(snapshot: StatusSnapshot) -> str:
                         count(d.loss_tokens),
                         count(d.shards),
                         count(d.duplicates),
+                        count(sum(d.drops.values())),
                         _normalizations(d.normalizations),
                     ]
                     for d in s.datasets

@@ -148,7 +148,9 @@ def check_report(pipeline: Any, table: Any, tmp_path: Path) -> dict[str, Any]:
     assert isinstance(report["duplicates"]["removed_by_tokenize"], int)  # its heartbeat is live
     assert report["drift"]["compared"] == table.num_rows
     page = (output / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 4  # sources, lengths, finish, drops
+    # sources, lengths, finish reasons; and drops and errors when there are any
+    drawn = bool(report["policy_drops"]["by_kind"] or report["errors"]["by_kind"])
+    assert page.count("data:image/png;base64,") == 3 + drawn
     return report
 
 
