@@ -121,7 +121,7 @@ class CompletionsJoin:
         latest: dict[str, bytes] = {}
 
         def keep(record: ConsumerRecord) -> None:
-            key = record.key.decode("utf-8", "replace") if record.key else None
+            key = record.key.decode("utf-8", "replace") if record.key else ""
             if key in wanted and record.value is not None:
                 latest[key] = record.value
 

@@ -7,12 +7,20 @@
   DFlash / DSpark / Domino, which also need two adjacent supervised tokens; 1 for EAGLE-3).
   The export applies the same two rules itself, `--max-seq-len` then `--min-loss-run`, so the
   file holds exactly the rows SpecForge will train on and the drops are counted here.
-- `hf`: a `datasets` `save_to_disk` directory; `parquet`: one Parquet file. Both keep every
-  shard column (token lists cut to `--max-seq-len`, counts recomputed) plus `truncated`.
+- `hf`: a `datasets` `save_to_disk` directory (its Arrow data files written here, shard by
+  shard, and opened memory-mapped by `load_from_disk`); `parquet`: one Parquet file. Both keep
+  every shard column (token lists cut to `--max-seq-len`, counts recomputed) plus `truncated`.
+- `conversations`: the completion behind each exported row, as OpenAI messages
+  (streams/ops/conversations.py); JSON lines, or Parquet for an `--output` ending in
+  `.parquet`. The rules choose the rows as for the token formats; the conversation is whole.
 
 Filters (`--source`, `--finish-reason`, `--min-len`/`--max-len` on the stored length) are
-applied before the length rules. Everything is vectorized per shard, and memory is one shard.
-The output is written beside its final name and renamed into place when complete.
+applied before the length rules. `--rows-per-file` / `--tokens-per-file` split the output into
+numbered files (`--output` is then a directory of `part-NNNNN.*`; for `hf`, the data files of
+the one `save_to_disk` directory). Everything is vectorized per shard and written before the
+next shard is read: memory is one shard (plus, for `conversations`, its window's completions
+of the exported rows), whatever the version's size. The output is written beside its final
+name and renamed into place when complete.
 """
 
 from __future__ import annotations
@@ -348,7 +356,7 @@ def _finish_hf(directory: Path, schema: pa.Schema) -> None:
     names = [f"data-{i:05d}-of-{len(files):05d}.arrow" for i in range(len(files))]
     for path, name in zip(files, names, strict=True):
         path.rename(directory / name)
-    state = {
+    state: dict[str, Any] = {
         "_data_files": [{"filename": name} for name in names],
         "_fingerprint": secrets.token_hex(8),
         "_format_columns": None,

@@ -144,9 +144,7 @@ def many_shards(tmp_path: Path, shards: int = 12, rows: int = 7, long: int = 0) 
     store.write_manifest({"dataset": "v1"})
     for shard in range(shards):
         block = [
-            sample(
-                f"p{shard}-{i}", 2 + (shard * rows + i) % 9, [1] * (2 + i % 5 + long), "chat", "stop"
-            )
+            sample(f"p{shard}-{i}", 2 + (shard * rows + i) % 9, [1] * (2 + i % 5 + long), "c", "s")
             for i in range(rows)
         ]
         store.write_shard(shard % 3, (shard // 3) * rows, (shard // 3) * rows + rows - 1, block)
