@@ -257,3 +257,19 @@ def test_export_reads_and_writes_shard_by_shard(fmt: str, tmp_path: Path) -> Non
     assert max(reader.allocated[5:]) - steady < 2 * reader.largest, (baseline, reader.allocated)
     growth = [b - a for a, b in itertools.pairwise(reader.written)]
     assert all(step > 0 for step in growth[1:]), growth
+
+
+def test_bad_split_flags_and_conversations_without_a_broker_are_one_line(
+    out: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DRAFTGEN_BOOTSTRAP", raising=False)
+    monkeypatch.delenv("DRAFTGEN_KAFKA_BOOTSTRAP", raising=False)
+    for flag, value in [("--rows-per-file", "0"), ("--tokens-per-file", "x")]:
+        with pytest.raises(SystemExit) as exited:  # argparse's own exit, one line
+            export(out, "specforge", tmp_path / "a", flag, value)
+        assert exited.value.code == 2
+        assert flag in capsys.readouterr().err
+    assert export(out, "conversations", tmp_path / "c.jsonl") == 2
+    err = capsys.readouterr().err
+    assert "--bootstrap" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "a").exists() and not (tmp_path / "c.jsonl").exists()
