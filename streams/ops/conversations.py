@@ -114,9 +114,12 @@ class CompletionsJoin:
     def __init__(self, kafka: KafkaSettings):
         self.reader = RangeReader(kafka, kafka.topic(COMPLETIONS))
         self.loop = asyncio.new_event_loop()
-        self.loop.run_until_complete(self.reader.start())
+        self.started = False
 
     def __call__(self, ref: ShardRef, table: pa.Table, summary: Any) -> pa.Table:
+        if not self.started:
+            self.loop.run_until_complete(self.reader.start())
+            self.started = True
         wanted = set(table["prompt_id"].to_pylist())
         latest: dict[str, bytes] = {}
 
@@ -157,5 +160,6 @@ class CompletionsJoin:
         )
 
     def close(self) -> None:
-        self.loop.run_until_complete(self.reader.stop())
+        if self.started:
+            self.loop.run_until_complete(self.reader.stop())
         self.loop.close()
