@@ -370,7 +370,7 @@ def _finish_hf(directory: Path, schema: pa.Schema) -> None:
     datasets.DatasetInfo(features=features).write_to_directory(str(directory))
 
 
-def _writer(fmt: Format, output: Path, split: FileSplit) -> tuple[Callable[[Path], Part], str]:
+def _writer(fmt: Format, output: Path) -> tuple[Callable[[Path], Part], str]:
     """How a part of this format is opened, and its file name suffix."""
     if fmt == "specforge":
         return JsonlPart, ".jsonl"
@@ -406,7 +406,7 @@ def export(
     if fmt == "conversations" and conversations is None:
         raise ValueError("--format conversations needs the completions topic")
     summary = ExportSummary(format=fmt, output=str(output))
-    open_part, suffix = _writer(fmt, output, split)
+    open_part, suffix = _writer(fmt, output)
     with _in_place(output) as tmp:
         if fmt == "hf":
             tmp.mkdir()
