@@ -29,7 +29,8 @@ pytestmark = pytest.mark.integration
 
 COUNT = 48
 AGAIN = {i for i in range(COUNT) if i % 7 == 3}  # answered a second time: the later one wins
-CUT = {i for i in range(COUNT) if i % 11 == 5}  # answered again, cut by length: now a drop
+# answered again, cut by length: now a drop
+CUT = {i for i in range(COUNT) if i % 11 == 5} - AGAIN
 
 
 def completion(index: int, round_: int = 1, finish: str = "stop") -> CompletionRecord:
@@ -112,7 +113,7 @@ def test_conversations_are_the_completions_that_became_the_samples(
             f"c{i:03d}" for i in CUT
         }
 
-    wait_for(caught_up, 180, "the second answers")
+    wait_for(caught_up, 180, lambda: f"the second answers: {dataset_figures(store)}")
     latest = {r.prompt_id: r for r in first + second}
     samples = store.read_table()["prompt_id"].to_pylist()
     assert set(samples) == {f"c{i:03d}" for i in range(COUNT) if i not in CUT}
