@@ -55,6 +55,8 @@ class ShardRef:
     sha256: str = ""
     exclude: frozenset[int] = frozenset()
     generation: int = 0
+    # the window's last completions offset (inclusive): where its rows' completions are
+    end_offset: int = -1
 
     @property
     def key(self) -> tuple[int, int]:
@@ -151,6 +153,8 @@ class DatasetReader:
             yield self.read_shard(ref, columns)
 
     def table(self, columns: Sequence[str] | None = None) -> pa.Table:
+        """The whole version in memory: for small versions and tests; `tables()`, `stream()`
+        and `draftgen export` read shard by shard."""
         tables = list(self.tables(columns))
         if tables:
             return pa.concat_tables(tables)
@@ -241,6 +245,7 @@ def sealed_shards(store: ShardStore, manifest: SealedManifest) -> list[ShardRef]
             sha256=entry.sha256,
             exclude=frozenset(entry.exclude),
             generation=parse_shard_name(entry.path)[2],
+            end_offset=entry.end_offset,
         )
         for entry in manifest.shards
         if entry.kept > 0
@@ -284,6 +289,7 @@ def resolved_shards(store: ShardStore, resolution: Resolution) -> list[ShardRef]
             sha256=m.sha256,
             exclude=frozenset(resolution.exclude.get(m.key, ())),
             generation=m.generation,
+            end_offset=m.end_offset,
         )
         for m in resolution.windows
         if m.rows > len(resolution.exclude.get(m.key, ()))

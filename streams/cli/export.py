@@ -1,4 +1,5 @@
-"""`draftgen export`: a dataset version as SpecForge JSONL, a `datasets` directory or Parquet."""
+"""`draftgen export`: a dataset version as SpecForge JSONL, a `datasets` directory, Parquet, or
+the regenerated conversations (from the completions topic), in one file or split."""
 
 from __future__ import annotations
 
@@ -8,25 +9,34 @@ from typing import Any
 
 from streams.cli.flags import add_flags, build
 from streams.core.errors import CliError
-from streams.core.settings import ExportSettings
+from streams.core.settings import ExportSettings, KafkaSettings
 
 
 def register(commands: Any) -> None:
     parser = commands.add_parser(
-        "export", help="a dataset version as a trainer's input (specforge, hf, parquet)"
+        "export",
+        help="a dataset version as a trainer's input (specforge, hf, parquet, conversations)",
     )
-    add_flags(parser, ExportSettings)
+    add_flags(parser, ExportSettings, skip=["kafka"])
+    # the broker, for --format conversations only, and only read: no --partitions
+    add_flags(parser, KafkaSettings, only=["bootstrap", "topic_prefix"])
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from sinks.reader import DatasetReader
     from sinks.shards import ShardStore
-    from streams.ops.export import ExportRules, export
+    from streams.ops.conversations import CompletionsJoin
+    from streams.ops.export import ExportRules, FileSplit, export
 
     settings = build(ExportSettings, args)
     if Path(settings.output).exists():
         raise CliError(f"--output {settings.output} exists; remove it or choose another")
+    if settings.format == "conversations" and settings.kafka is None:
+        raise CliError(
+            "--format conversations reads the completions topic: give --bootstrap (or set "
+            "DRAFTGEN_BOOTSTRAP)"
+        )
     options = settings.storage.storage_options()
     reader = DatasetReader(ShardStore(settings.storage.out, settings.dataset, options), options)
     if reader.info() is None and not reader.shards():
@@ -40,6 +50,14 @@ def run(args: argparse.Namespace) -> int:
         over_max_seq_len=settings.over_max_seq_len,
         min_loss_run=settings.min_loss_run,
     )
-    summary = export(reader, settings.format, Path(settings.output), rules)
+    split = FileSplit(rows=settings.rows_per_file, tokens=settings.tokens_per_file)
+    join = None
+    if settings.format == "conversations" and settings.kafka is not None:
+        join = CompletionsJoin(settings.kafka)
+    try:
+        summary = export(reader, settings.format, Path(settings.output), rules, split, join)
+    finally:
+        if join is not None:
+            join.close()
     print("\n".join(summary.lines()))
     return 0

@@ -152,6 +152,7 @@ Concurrency = Annotated[int | Literal["auto"], BeforeValidator(_concurrency)]
 Family = Literal["kimi_k2", "qwen3", "generic"]
 KeepOrDrop = Literal["drop", "keep"]
 OverLength = Literal["drop", "truncate"]
+ExportFormat = Literal["specforge", "hf", "parquet", "conversations"]
 RegenMode = Literal["final", "every-turn"]
 GenerateApi = Literal["chat", "native"]
 # SGLang request-preprocessing profiles (streams/core/serving.py PROFILE_NAMES; a test checks)
@@ -796,14 +797,32 @@ class ExportSettings(Settings):
 
     storage: StorageSettings
     dataset: str = setting(flag="--dataset", help="dataset version name", env=("DRAFTGEN_DATASET",))
-    format: Literal["specforge", "hf", "parquet"] = setting(
+    format: ExportFormat = setting(
         flag="--format",
         help="specforge: JSON lines of prompt_id, input_ids, loss_mask; hf: a datasets "
-        "save_to_disk directory; parquet: one Parquet file",
+        "save_to_disk directory; parquet: one Parquet file; conversations: each sample's "
+        "regenerated conversation (OpenAI messages) from the completions topic, JSON lines "
+        "(Parquet when --output ends in .parquet)",
     )
     output: str = setting(
-        flag="--output", help="the file (specforge, parquet) or directory (hf) to write; new"
+        flag="--output",
+        help="the file (specforge, parquet, conversations) or directory (hf, or any format "
+        "split by --rows-per-file/--tokens-per-file) to write; new",
     )
+    # split into files of at most this many rows / tokens (prompt included, after the cut),
+    # so a trainer can load one file at a time
+    rows_per_file: int | None = setting(
+        None, flag="--rows-per-file", help="at most this many rows a file (default: one file)", ge=1
+    )
+    tokens_per_file: int | None = setting(
+        None,
+        flag="--tokens-per-file",
+        help="at most this many tokens a file, prompt included (a longer sample gets a file of "
+        "its own; default: one file)",
+        ge=1,
+    )
+    # the completions topic, read by --format conversations
+    kafka: KafkaSettings | None = setting(default_factory=lambda: _kafka_if_configured())
     sources: list[str] = setting(
         default_factory=list, flag="--source", help="only samples of this source (repeatable)"
     )

@@ -7,17 +7,26 @@
   DFlash / DSpark / Domino, which also need two adjacent supervised tokens; 1 for EAGLE-3).
   The export applies the same two rules itself, `--max-seq-len` then `--min-loss-run`, so the
   file holds exactly the rows SpecForge will train on and the drops are counted here.
-- `hf`: a `datasets` `save_to_disk` directory; `parquet`: one Parquet file. Both keep every
-  shard column (token lists cut to `--max-seq-len`, counts recomputed) plus `truncated`.
+- `hf`: a `datasets` `save_to_disk` directory (its Arrow data files written here, shard by
+  shard, and opened memory-mapped by `load_from_disk`); `parquet`: one Parquet file. Both keep
+  every shard column (token lists cut to `--max-seq-len`, counts recomputed) plus `truncated`.
+- `conversations`: the completion behind each exported row, as OpenAI messages
+  (streams/ops/conversations.py); JSON lines, or Parquet for an `--output` ending in
+  `.parquet`. The rules choose the rows as for the token formats; the conversation is whole.
 
 Filters (`--source`, `--finish-reason`, `--min-len`/`--max-len` on the stored length) are
-applied before the length rules. Everything is vectorized per shard, and memory is one shard.
-The output is written beside its final name and renamed into place when complete.
+applied before the length rules. `--rows-per-file` / `--tokens-per-file` split the output into
+numbered files (`--output` is then a directory of `part-NNNNN.*`; for `hf`, the data files of
+the one `save_to_disk` directory). Everything is vectorized per shard and written before the
+next shard is read: memory is one shard (plus, for `conversations`, its window's completions
+of the exported rows), whatever the version's size. The output is written beside its final
+name and renamed into place when complete.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import tempfile
 from collections import Counter
@@ -25,7 +34,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import orjson
@@ -33,10 +42,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from sinks.reader import DatasetReader, table_rows
+from sinks.reader import DatasetReader, ShardRef, table_rows
 from sinks.shards import SHARD_SCHEMA
+from streams.ops.conversations import CONVERSATION_SCHEMA, conversations_parquet
 
-Format = Literal["specforge", "hf", "parquet"]
+Format = Literal["specforge", "hf", "parquet", "conversations"]
 EXPORT_SCHEMA = SHARD_SCHEMA.append(pa.field("truncated", pa.bool_()))
 SPECFORGE_COLUMNS = ("prompt_id", "input_ids", "loss_mask")
 
@@ -62,6 +72,7 @@ class ExportSummary:
     loss_tokens: int = 0
     truncated: int = 0
     dropped: Counter[str] = field(default_factory=Counter)  # by rule
+    files: list[list[Any]] = field(default_factory=list)  # [name, rows, tokens] per file
 
     def as_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "dropped": dict(self.dropped)}
@@ -72,6 +83,14 @@ class ExportSummary:
             f"exported {self.written} of {self.read} samples to {self.output} ({self.format})",
             f"  tokens {self.tokens}, loss tokens {self.loss_tokens}, truncated {self.truncated}",
             f"  dropped: {drops}",
+            *(
+                [
+                    f"  {len(self.files)} files, at most {max(f[1] for f in self.files)} rows and "
+                    f"{max(f[2] for f in self.files)} tokens a file"
+                ]
+                if len(self.files) > 1
+                else []
+            ),
         ]
 
 
@@ -163,19 +182,160 @@ def apply_rules(table: pa.Table, rules: ExportRules, summary: ExportSummary) -> 
     table = table.append_column("truncated", pa.array(cut))
     keep(has_loss_run(table, rules.min_loss_run), "min_loss_run")
     summary.dropped = +summary.dropped  # rules that dropped nothing are not listed
+    return table
+
+
+# -- files -----------------------------------------------------------------------------------
+
+
+class Part(Protocol):
+    """One output file being written."""
+
+    def write(self, table: pa.Table) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class JsonlPart:
+    """SpecForge's pre-tokenized rows, or (a `json` column) rows already encoded."""
+
+    OPTION = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
+
+    def __init__(self, path: Path):
+        self.handle = path.open("wb")
+
+    def write(self, table: pa.Table) -> None:
+        if "json" in table.column_names:
+            for encoded in table["json"].to_pylist():
+                self.handle.write(encoded + b"\n")
+            return
+        for row in table_rows(table.select(list(SPECFORGE_COLUMNS))):
+            self.handle.write(orjson.dumps(row, option=self.OPTION))
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+class ParquetPart:
+    def __init__(self, path: Path, schema: pa.Schema, convert: Callable[[pa.Table], pa.Table]):
+        self.writer = pq.ParquetWriter(path, schema)
+        self.schema = schema
+        self.convert = convert
+
+    def write(self, table: pa.Table) -> None:
+        self.writer.write_table(self.convert(table))
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class ArrowPart:
+    """An Arrow IPC stream file, as `datasets.save_to_disk` writes its data files."""
+
+    def __init__(self, path: Path, schema: pa.Schema):
+        self.sink = pa.OSFile(str(path), "wb")
+        self.writer = pa.ipc.new_stream(self.sink, schema)
+        self.schema = schema
+
+    def write(self, table: pa.Table) -> None:
+        self.writer.write_table(table.cast(self.schema))
+
+    def close(self) -> None:
+        self.writer.close()
+        self.sink.close()
+
+
+@dataclass(frozen=True)
+class FileSplit:
+    """Where a file ends: at `rows` rows or `tokens` tokens (None: no limit)."""
+
+    rows: int | None = None
+    tokens: int | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.rows is not None or self.tokens is not None
+
+
+class SplitFiles:
+    """Tables written to one file, or to numbered parts that each hold at most `split.rows`
+    rows and `split.tokens` tokens (a row longer than that gets a part of its own). What is
+    written is counted in `summary`; nothing but the open part's writer is held."""
+
+    def __init__(
+        self,
+        target: Path,
+        open_part: Callable[[Path], Part],
+        split: FileSplit,
+        summary: ExportSummary,
+        name: Callable[[int], str],
+    ):
+        self.target = target
+        self.open_part = open_part
+        self.split = split
+        self.summary = summary
+        self.name = name
+        self.part: Part | None = None
+        self.rows = 0
+        self.tokens = 0
+
+    def _open(self) -> Part:
+        if self.part is None:
+            path = self.target / self.name(len(self.summary.files))
+            self.part = self.open_part(path)
+            self.summary.files.append([path.name, 0, 0])
+        return self.part
+
+    def _close(self) -> None:
+        if self.part is not None:
+            self.part.close()
+            self.part, self.rows, self.tokens = None, 0, 0
+
+    def write(self, table: pa.Table) -> None:
+        tokens = table["num_tokens"].to_numpy().astype(np.int64)
+        at = 0
+        while at < table.num_rows:
+            take = table.num_rows - at
+            if self.split.rows is not None:
+                take = min(take, self.split.rows - self.rows)
+            if self.split.tokens is not None:
+                room = self.split.tokens - self.tokens
+                fits = int(np.searchsorted(np.cumsum(tokens[at : at + take]), room, "right"))
+                take = min(take, fits)
+            if take <= 0:
+                if self.rows:
+                    self._close()  # full: the next part takes the row
+                    continue
+                take = 1  # longer than a whole part: a part of its own
+            piece = table.slice(at, take)
+            self._open().write(piece)
+            count = int(tokens[at : at + take].sum())
+            self.rows += take
+            self.tokens += count
+            self.summary.files[-1][1] += take
+            self.summary.files[-1][2] += count
+            _count_written(piece, self.summary)
+            at += take
+            if self.split.rows is not None and self.rows >= self.split.rows:
+                self._close()
+
+    def close(self) -> None:
+        if not self.summary.files:
+            self._open()  # an empty export is still a (one) file
+        self._close()
+
+
+def _count_written(table: pa.Table, summary: ExportSummary) -> None:
     summary.written += table.num_rows
     summary.truncated += int(pc.sum(table["truncated"]).as_py() or 0)
     summary.tokens += int(pc.sum(table["num_tokens"]).as_py() or 0)
     summary.loss_tokens += int(pc.sum(table["num_loss_tokens"]).as_py() or 0)
-    return table
-
-
-# -- writers ---------------------------------------------------------------------------------
 
 
 @contextmanager
 def _in_place(output: Path) -> Iterator[Path]:
-    """A temporary path beside `output`, renamed to it when the block succeeds."""
+    """A temporary directory beside `output`, whose entry named like it is renamed to it when
+    the block succeeds."""
     if output.exists():
         raise FileExistsError(f"{output} exists; remove it or choose another --output")
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -187,44 +347,87 @@ def _in_place(output: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _write_jsonl(tables: Iterator[pa.Table], path: Path) -> None:
-    option = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
-    with path.open("wb") as handle:
-        for table in tables:
-            for row in table_rows(table.select(list(SPECFORGE_COLUMNS))):
-                handle.write(orjson.dumps(row, option=option))
-
-
-def _write_parquet(tables: Iterator[pa.Table], path: Path) -> None:
-    with pq.ParquetWriter(path, EXPORT_SCHEMA) as writer:
-        for table in tables:
-            writer.write_table(table.cast(EXPORT_SCHEMA))
-
-
-def _write_hf(tables: Iterator[pa.Table], path: Path) -> None:
+def _finish_hf(directory: Path, schema: pa.Schema) -> None:
+    """Name the data files as `save_to_disk` does and write its `state.json` and
+    `dataset_info.json`, so `datasets.load_from_disk` opens the directory (memory-mapped)."""
     import datasets
 
-    work = path.parent / "work"
-    work.mkdir()
-    parquet = work / "rows.parquet"
-    _write_parquet(tables, parquet)
-    loaded = datasets.Dataset.from_parquet(str(parquet), cache_dir=str(work / "cache"))
-    assert isinstance(loaded, datasets.Dataset)
-    loaded.save_to_disk(str(path))
+    files = sorted(directory.glob("data-*.arrow"))
+    names = [f"data-{i:05d}-of-{len(files):05d}.arrow" for i in range(len(files))]
+    for path, name in zip(files, names, strict=True):
+        path.rename(directory / name)
+    state: dict[str, Any] = {
+        "_data_files": [{"filename": name} for name in names],
+        "_fingerprint": secrets.token_hex(8),
+        "_format_columns": None,
+        "_format_kwargs": {},
+        "_format_type": None,
+        "_output_all_columns": False,
+        "_split": None,
+    }
+    (directory / "state.json").write_bytes(orjson.dumps(state, option=orjson.OPT_INDENT_2))
+    features = datasets.Features.from_arrow_schema(schema)
+    datasets.DatasetInfo(features=features).write_to_directory(str(directory))
 
 
-WRITERS: dict[str, Callable[[Iterator[pa.Table], Path], None]] = {
-    "specforge": _write_jsonl,
-    "parquet": _write_parquet,
-    "hf": _write_hf,
-}
+def _writer(fmt: Format, output: Path) -> tuple[Callable[[Path], Part], str]:
+    """How a part of this format is opened, and its file name suffix."""
+    if fmt == "specforge":
+        return JsonlPart, ".jsonl"
+    if fmt == "conversations":
+        if output.suffix == ".parquet":
+            return (
+                lambda path: ParquetPart(path, CONVERSATION_SCHEMA, conversations_parquet),
+                ".parquet",
+            )
+        return JsonlPart, ".jsonl"
+    if fmt == "hf":
+        return (lambda path: ArrowPart(path, EXPORT_SCHEMA)), ".arrow"
+    return (lambda path: ParquetPart(path, EXPORT_SCHEMA, _export_columns)), ".parquet"
 
 
-def export(reader: DatasetReader, fmt: Format, output: Path, rules: ExportRules) -> ExportSummary:
+def _export_columns(table: pa.Table) -> pa.Table:
+    return table.cast(EXPORT_SCHEMA)
+
+
+Completions = Callable[[ShardRef, pa.Table, ExportSummary], pa.Table]
+
+
+def export(
+    reader: DatasetReader,
+    fmt: Format,
+    output: Path,
+    rules: ExportRules,
+    split: FileSplit = FileSplit(),
+    conversations: Completions | None = None,
+) -> ExportSummary:
+    """Shard by shard: read, filter and cut, (for `conversations`, join with the completions
+    that became the rows), write. Memory is one shard and the writer of one output file."""
+    if fmt == "conversations" and conversations is None:
+        raise ValueError("--format conversations needs the completions topic")
     summary = ExportSummary(format=fmt, output=str(output))
-    tables = (apply_rules(table, rules, summary) for table in reader.tables())
+    open_part, suffix = _writer(fmt, output)
     with _in_place(output) as tmp:
-        WRITERS[fmt](tables, tmp)
+        if fmt == "hf":
+            tmp.mkdir()
+            files = SplitFiles(tmp, open_part, split, summary, lambda i: f"data-{i:05d}.arrow")
+        elif split.active:
+            tmp.mkdir()
+            files = SplitFiles(tmp, open_part, split, summary, lambda i: f"part-{i:05d}{suffix}")
+        else:
+            files = SplitFiles(tmp.parent, open_part, split, summary, lambda i: tmp.name)
+        for ref in reader.shards():
+            table = apply_rules(reader.read_shard(ref), rules, summary)
+            if conversations is not None and table.num_rows:
+                table = conversations(ref, table, summary)
+            files.write(table)
+        files.close()
+        if fmt == "hf":
+            _finish_hf(tmp, EXPORT_SCHEMA)
+            for entry in summary.files:
+                entry[0] = (
+                    f"data-{summary.files.index(entry):05d}-of-{len(summary.files):05d}.arrow"
+                )
     return summary
 
 
@@ -233,6 +436,7 @@ __all__ = [
     "SPECFORGE_COLUMNS",
     "ExportRules",
     "ExportSummary",
+    "FileSplit",
     "apply_rules",
     "export",
     "has_loss_run",

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import itertools
 import json
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
 import datasets
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -129,3 +132,144 @@ def test_an_existing_output_or_a_missing_version_is_one_line(
     assert main(["export", "--out", out, "--dataset", "nope", "--format", "hf",
                  "--output", str(tmp_path / "x")]) == 2  # fmt: skip
     assert "no dataset version 'nope'" in capsys.readouterr().err
+
+
+# -- exports at full size: split files, one shard at a time ------------------------------------
+
+
+def many_shards(tmp_path: Path, shards: int = 12, rows: int = 7, long: int = 0) -> str:
+    """A version of `shards` shards on 3 partitions, rows of varying length (`long` more
+    supervised tokens each)."""
+    store = ShardStore(str(tmp_path / "big"), "v1")
+    store.write_manifest({"dataset": "v1"})
+    for shard in range(shards):
+        block = [
+            sample(f"p{shard}-{i}", 2 + (shard * rows + i) % 9, [1] * (2 + i % 5 + long), "c", "s")
+            for i in range(rows)
+        ]
+        store.write_shard(shard % 3, (shard // 3) * rows, (shard // 3) * rows + rows - 1, block)
+    return str(tmp_path / "big")
+
+
+def read_part(fmt: str, path: Path) -> list[dict[str, Any]]:
+    if fmt == "specforge":
+        return [json.loads(line) for line in path.read_text().splitlines()]
+    return pq.read_table(path).to_pylist()
+
+
+@pytest.mark.parametrize("fmt", ["specforge", "parquet"])
+def test_split_files_hold_at_most_the_rows_and_tokens_and_together_the_unsplit_export(
+    fmt: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = many_shards(tmp_path)
+    suffix = ".jsonl" if fmt == "specforge" else ".parquet"
+    whole = tmp_path / f"whole{suffix}"
+    assert export(out, fmt, whole, "--max-seq-len", "9") == 0
+    expected = read_part(fmt, whole)
+    assert len(expected) == 57  # of 84: the cut leaves 27 without two supervised tokens
+    for flags, rows_cap, tokens_cap in [
+        (("--rows-per-file", "10"), 10, None),
+        (("--tokens-per-file", "60"), None, 60),
+        (("--rows-per-file", "5", "--tokens-per-file", "40"), 5, 40),
+    ]:
+        split = tmp_path / f"split-{'-'.join(flags)}"
+        assert export(out, fmt, split, "--max-seq-len", "9", *flags) == 0
+        parts = sorted(split.iterdir())
+        assert [p.name for p in parts] == [f"part-{i:05d}{suffix}" for i in range(len(parts))]
+        union: list[dict[str, Any]] = []
+        for index, part in enumerate(parts):
+            rows = read_part(fmt, part)
+            tokens = sum(len(row["input_ids"]) for row in rows)
+            assert rows, part
+            if rows_cap is not None:
+                assert len(rows) <= rows_cap
+            if tokens_cap is not None:
+                assert tokens <= tokens_cap
+                if index < len(parts) - 1:  # a part ends only when the next row does not fit
+                    following = read_part(fmt, parts[index + 1])[0]
+                    full = rows_cap is not None and len(rows) == rows_cap
+                    assert full or tokens + len(following["input_ids"]) > tokens_cap
+            union.extend(rows)
+        assert union == expected
+        assert f"{len(parts)} files" in capsys.readouterr().out
+
+
+def test_hf_split_is_one_save_to_disk_directory_of_bounded_data_files(tmp_path: Path) -> None:
+    out = many_shards(tmp_path)
+    whole, split = tmp_path / "hf-whole", tmp_path / "hf-split"
+    assert export(out, "hf", whole) == 0
+    assert export(out, "hf", split, "--tokens-per-file", "100") == 0
+    files = sorted(split.glob("data-*.arrow"))
+    assert len(files) > 5
+    assert [f.name for f in files] == [
+        f"data-{i:05d}-of-{len(files):05d}.arrow" for i in range(len(files))
+    ]
+    for path in files:
+        with pa.ipc.open_stream(pa.OSFile(str(path))) as stream:
+            part = stream.read_all()
+        assert 0 < pc.sum(part["num_tokens"]).as_py() <= 100
+    assert (
+        datasets.load_from_disk(str(split)).to_list()
+        == datasets.load_from_disk(str(whole)).to_list()
+    )
+
+
+class CountingReader(DatasetReader):
+    """Notes, at each shard it reads, the Arrow memory in use and the rows already written."""
+
+    def __init__(self, store: ShardStore, output: Path):
+        super().__init__(store)
+        self.output = output
+        self.allocated: list[int] = []
+        self.written: list[int] = []
+        self.largest = 0
+
+    def read_shard(self, ref: Any, columns: Any = None) -> pa.Table:
+        # a shard's buffers are Python bytes (traced) or Arrow's pool (counted)
+        self.allocated.append(tracemalloc.get_traced_memory()[0] + pa.total_allocated_bytes())
+        parent = self.output.parent
+        self.written.append(sum(p.stat().st_size for p in parent.rglob("*") if p.is_file()))
+        table = super().read_shard(ref, columns)
+        self.largest = max(self.largest, table.nbytes)
+        return table
+
+
+@pytest.mark.parametrize("fmt", ["specforge", "parquet", "hf"])
+def test_export_reads_and_writes_shard_by_shard(fmt: str, tmp_path: Path) -> None:
+    """Memory stays one shard whatever the version's size: after the first shards the memory in
+    use when a shard is read grows by less than two shards, over 19 more shards, and each
+    shard's rows are on disk before the next shard is read (nothing collects the version)."""
+    from streams.ops.export import ExportRules, FileSplit
+    from streams.ops.export import export as run_export
+
+    out = many_shards(tmp_path, shards=24, rows=50, long=600)
+    output = tmp_path / "exported" / f"v1.{fmt}"
+    reader = CountingReader(ShardStore(out, "v1"), output)
+    tracemalloc.start()
+    try:
+        baseline = tracemalloc.get_traced_memory()[0] + pa.total_allocated_bytes()
+        summary = run_export(reader, fmt, output, ExportRules(), FileSplit(rows=500))  # type: ignore[arg-type]
+    finally:
+        tracemalloc.stop()
+    assert summary.written == 1200 and len(reader.allocated) == 24
+    assert reader.largest > 150_000  # ~30k tokens a shard: the shards' data dominates
+    steady = reader.allocated[4]
+    assert max(reader.allocated[5:]) - steady < 2 * reader.largest, (baseline, reader.allocated)
+    growth = [b - a for a, b in itertools.pairwise(reader.written)]
+    assert all(step > 0 for step in growth[1:]), growth
+
+
+def test_bad_split_flags_and_conversations_without_a_broker_are_one_line(
+    out: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DRAFTGEN_BOOTSTRAP", raising=False)
+    monkeypatch.delenv("DRAFTGEN_KAFKA_BOOTSTRAP", raising=False)
+    for flag, value in [("--rows-per-file", "0"), ("--tokens-per-file", "x")]:
+        with pytest.raises(SystemExit) as exited:  # argparse's own exit, one line
+            export(out, "specforge", tmp_path / "a", flag, value)
+        assert exited.value.code == 2
+        assert flag in capsys.readouterr().err
+    assert export(out, "conversations", tmp_path / "c.jsonl") == 2
+    err = capsys.readouterr().err
+    assert "--bootstrap" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "a").exists() and not (tmp_path / "c.jsonl").exists()
