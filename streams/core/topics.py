@@ -12,13 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import InvalidReplicationFactorError, TopicAlreadyExistsError, for_code
+from aiokafka.errors import (
+    InvalidReplicationFactorError,
+    KafkaError,
+    TopicAlreadyExistsError,
+    for_code,
+)
 
 from streams.core.errors import CliError
+from streams.core.retry import Backoff, short_error
 from streams.core.settings import (
     COMPLETIONS,
     DEAD_LETTERS,
@@ -29,6 +37,9 @@ from streams.core.settings import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+# how long an admin request that hit a lost broker is retried (fencing one takes ~10 s)
+ADMIN_RETRY_S = 60.0
 
 
 # Topics whose records are the run's data: a write to them needs min.insync.replicas copies.
@@ -71,48 +82,72 @@ _PARTITIONS = {WORKER_STATS: 1}
 async def ensure_topics(kafka: KafkaSettings) -> KafkaSettings:
     """Create missing topics, replicated; returns `kafka` with the replication factor and
     min.insync.replicas resolved for this cluster (what faust's own topics take too)."""
-    admin = AIOKafkaAdminClient(**kafka.aiokafka_kwargs())
-    await admin.start()
-    try:
-        brokers = len((await admin.describe_cluster()).get("brokers") or ()) or 1
-        replicas, insync = kafka.replicas_for(brokers)
-        if insync > replicas:
-            raise CliError(
-                f"min.insync.replicas {insync} is more than the {replicas} replicas of the "
-                "topics: no write could be acknowledged (DRAFTGEN_KAFKA_MIN_INSYNC_REPLICAS)"
-            )
-        if replicas > brokers:
-            raise CliError(
-                f"replication factor {replicas} needs {replicas} brokers; the cluster at "
-                f"{kafka.bootstrap} has {brokers} (DRAFTGEN_KAFKA_REPLICATION_FACTOR)"
-            )
-        existing = set(await admin.list_topics())
-        configs = topic_configs(kafka, insync)
-        wanted = [
-            NewTopic(
-                kafka.topic(name),
-                _PARTITIONS.get(name, kafka.partitions),
-                replicas,
-                topic_configs=config,
-            )
-            for name, config in configs.items()
-            if kafka.topic(name) not in existing
-        ]
-        present = [kafka.topic(name) for name in configs if kafka.topic(name) in existing]
-        if present:
-            await _warn_if_less_durable(admin, kafka, present, replicas, insync)
-        if wanted:
-            _check_created(await admin.create_topics(wanted), kafka, replicas)
-            log.info(
-                "created topics %s (%d replicas, min.insync.replicas %d for data)",
-                ", ".join(t.name for t in wanted),
-                replicas,
-                insync,
-            )
-            await _wait_for_leaders(admin, [t.name for t in wanted])
-    finally:
-        await admin.close()
+    return await _on_admin(kafka, "creating topics", lambda admin: _ensure(admin, kafka))
+
+
+async def _ensure(admin: AIOKafkaAdminClient, kafka: KafkaSettings) -> KafkaSettings:
+    brokers = len((await admin.describe_cluster()).get("brokers") or ()) or 1
+    replicas, insync = kafka.replicas_for(brokers)
+    if insync > replicas:
+        raise CliError(
+            f"min.insync.replicas {insync} is more than the {replicas} replicas of the "
+            "topics: no write could be acknowledged (DRAFTGEN_KAFKA_MIN_INSYNC_REPLICAS)"
+        )
+    if replicas > brokers:
+        raise CliError(
+            f"replication factor {replicas} needs {replicas} brokers; the cluster at "
+            f"{kafka.bootstrap} has {brokers} (DRAFTGEN_KAFKA_REPLICATION_FACTOR)"
+        )
+    existing = set(await admin.list_topics())
+    configs = topic_configs(kafka, insync)
+    wanted = [
+        NewTopic(
+            kafka.topic(name),
+            _PARTITIONS.get(name, kafka.partitions),
+            replicas,
+            topic_configs=config,
+        )
+        for name, config in configs.items()
+        if kafka.topic(name) not in existing
+    ]
+    present = [kafka.topic(name) for name in configs if kafka.topic(name) in existing]
+    if present:
+        await _warn_if_less_durable(admin, kafka, present, replicas, insync)
+    if wanted:
+        _check_created(await admin.create_topics(wanted), kafka, replicas)
+        log.info(
+            "created topics %s (%d replicas, min.insync.replicas %d for data)",
+            ", ".join(t.name for t in wanted),
+            replicas,
+            insync,
+        )
+        await _wait_for_leaders(admin, [t.name for t in wanted])
     return kafka.model_copy(update={"replication_factor": replicas, "min_insync_replicas": insync})
+
+
+async def _on_admin(
+    kafka: KafkaSettings, what: str, work: Callable[[AIOKafkaAdminClient], Awaitable[T]]
+) -> T:
+    """`work` with an admin client. Once connected, a retriable error is retried for a while:
+    the client asks a random broker, which on a cluster may be one just lost and not yet
+    fenced (seconds). A cluster that cannot be reached at all fails at once, as before."""
+    backoff = Backoff(initial_s=0.5, max_s=5.0)
+    deadline = time.monotonic() + ADMIN_RETRY_S
+    attempt = 0
+    while True:
+        admin = AIOKafkaAdminClient(**kafka.aiokafka_kwargs())
+        await admin.start()
+        try:
+            return await work(admin)
+        except KafkaError as err:
+            if not err.retriable or time.monotonic() >= deadline:
+                raise
+            attempt += 1
+            if attempt == 1:
+                log.warning("%s: %s; retrying (a broker lost?)", what, short_error(err))
+        finally:
+            await admin.close()
+        await backoff.sleep(attempt)
 
 
 def _check_created(response: Any, kafka: KafkaSettings, replicas: int) -> None:
@@ -188,13 +223,10 @@ async def within_topic_limits(kafka: KafkaSettings) -> KafkaSettings:
     an idempotent producer cannot get past (the partition's later batches then fail with
     OutOfOrderSequenceNumber)."""
     names = [kafka.topic(name) for name in (PROMPTS, COMPLETIONS, DEAD_LETTERS)]
-    admin = AIOKafkaAdminClient(**kafka.aiokafka_kwargs())
-    await admin.start()
-    try:
-        resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
-        responses = await admin.describe_configs(resources)
-    finally:
-        await admin.close()
+    resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
+    responses = await _on_admin(
+        kafka, "reading the topics' limits", lambda admin: admin.describe_configs(resources)
+    )
     lowest = kafka.max_message_bytes
     for response in responses:
         for resource in response.resources:  # (error, message, type, name, configs)
