@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from compose.process import (
@@ -193,13 +194,21 @@ class KafkaBroker:
     def launch(self) -> None:
         """Format the log directory if new, and spawn the node without waiting for it (the
         nodes of a cluster answer only once a majority of them runs)."""
+        self.prepare()
+        self.spawn()
+
+    def prepare(self) -> None:
+        """The configuration, and the log directory formatted if new."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        config = self._write_config()
+        self._write_config()
         if not (self.log_dirs / "meta.properties").exists():
             self._format()
+
+    def spawn(self) -> None:
+        """Start the node (from the main thread, so it dies with us: see compose/process.py)."""
         self._process = ManagedProcess(
             self.name,
-            self._java("kafka.Kafka", str(config)),
+            self._java("kafka.Kafka", str(self.workdir / "server.properties")),
             self.workdir / "kafka.log",
         )
         self._process.start()
@@ -292,8 +301,11 @@ class KafkaCluster:
     def start(self, timeout: float = 120.0) -> KafkaCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
+            # formatting is a JVM start per node: side by side
+            with ThreadPoolExecutor(len(self.nodes)) as pool:
+                list(pool.map(lambda node: node.prepare(), self.nodes))
             for node in self.nodes:
-                node.launch()
+                node.spawn()
             for node in self.nodes:
                 node.wait_ready(timeout)
         except BaseException:
