@@ -1,4 +1,6 @@
-"""Apache Kafka 4.x, single node KRaft, from Maven Central jars, started with the local Java 17."""
+"""Apache Kafka 4.x in KRaft mode, from Maven Central jars, started with the local Java 17: a
+single node (`KafkaBroker`, what `draftgen run` and the tests use) or a cluster of combined
+broker+controller nodes on loopback (`KafkaCluster`, three by default) to try replication."""
 
 from __future__ import annotations
 
@@ -8,9 +10,17 @@ import os
 import shutil
 import subprocess
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from compose.process import ManagedProcess, ServiceError, free_port, port_open, run_tracked
+from compose.process import (
+    ManagedProcess,
+    ServiceError,
+    free_port,
+    port_open,
+    run_tracked,
+    stop_together,
+)
 
 KAFKA_VERSION = "4.1.1"
 LOG4J_VERSION = "2.25.3"
@@ -100,14 +110,29 @@ def java_binary() -> str:
 
 
 class KafkaBroker:
-    """A combined broker+controller on free loopback ports, data in `workdir`."""
+    """A combined broker+controller on free loopback ports, data in `workdir`. Alone it is a
+    one-node cluster; `KafkaCluster` makes several of them one cluster."""
 
-    def __init__(self, workdir: Path, version: str = KAFKA_VERSION):
+    def __init__(
+        self,
+        workdir: Path,
+        version: str = KAFKA_VERSION,
+        *,
+        node_id: int = 1,
+        heap: str = "768m",
+    ):
         self.workdir = workdir
         self.version = version
+        self.node_id = node_id
+        self.name = "kafka"
+        self.heap = heap
         self.port = free_port()
         self.controller_port = free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
+        # a cluster's nodes share these (KafkaCluster sets them before the first start)
+        self.voters = f"{node_id}@127.0.0.1:{self.controller_port}"
+        self.cluster_id: str | None = None
+        self.overrides: dict[str, str] = {}
         self._process: ManagedProcess | None = None
 
     @property
@@ -122,8 +147,8 @@ class KafkaBroker:
         logs = log_dirs or self.log_dirs
         props = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": self.voters,
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
             "controller.listener.names": "CONTROLLER",
@@ -141,6 +166,7 @@ class KafkaBroker:
             "auto.create.topics.enable": "false",
             "message.max.bytes": str(8 * 1024 * 1024),
             "log.retention.hours": "-1",
+            **self.overrides,
         }
         path = self.workdir / name
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
@@ -151,7 +177,7 @@ class KafkaBroker:
         return [
             java_binary(),
             "-Xms256m",
-            "-Xmx768m",
+            f"-Xmx{self.heap}",
             "-XX:+UseG1GC",
             f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.xml'}",
             "-cp",
@@ -161,16 +187,35 @@ class KafkaBroker:
         ]
 
     def start(self, timeout: float = 90.0) -> KafkaBroker:
+        self.launch()
+        self.wait_ready(timeout)
+        return self
+
+    def launch(self) -> None:
+        """Format the log directory if new, and spawn the node without waiting for it (the
+        nodes of a cluster answer only once a majority of them runs)."""
+        self.prepare()
+        self.spawn()
+
+    def prepare(self) -> None:
+        """The configuration, and the log directory formatted if new."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        config = self._write_config()
+        self._write_config()
         if not (self.log_dirs / "meta.properties").exists():
             self._format()
+
+    def spawn(self) -> None:
+        """Start the node (from the main thread, so it dies with us: see compose/process.py)."""
         self._process = ManagedProcess(
-            "kafka", self._java("kafka.Kafka", str(config)), self.workdir / "kafka.log"
+            self.name,
+            self._java("kafka.Kafka", str(self.workdir / "server.properties")),
+            self.workdir / "kafka.log",
         )
         self._process.start()
-        self._process.wait_ready(self._ready, timeout)  # stops the broker if it never gets ready
-        return self
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        assert self._process is not None
+        self._process.wait_ready(self._ready, timeout)  # stops the node if it never gets ready
 
     def _format(self) -> None:
         """Format the log directory aside and move it in place only when complete: a format
@@ -179,9 +224,8 @@ class KafkaBroker:
         for stale in (staging, self.log_dirs):  # never formatted, so holds no data
             shutil.rmtree(stale, ignore_errors=True)
         config = self._write_config(staging, name="format.properties")
-        argv = self._java(
-            "kafka.tools.StorageTool", "format", "-t", random_cluster_id(), "-c", str(config)
-        )
+        cluster_id = self.cluster_id or random_cluster_id()
+        argv = self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config))
         try:
             run_tracked("kafka-storage-format", argv)
         except subprocess.CalledProcessError as err:
@@ -198,9 +242,79 @@ class KafkaBroker:
         if self._process:
             self._process.stop(grace=20)
 
+    def kill(self) -> None:
+        """SIGKILL, as a crash or a lost machine would (for fault tests)."""
+        if self._process:
+            self._process.kill()
+
     def restart(self, timeout: float = 90.0) -> None:
         """Start again on the same ports and log directory (after `stop`, for outage tests)."""
         self.start(timeout)
+
+
+class KafkaCluster:
+    """`size` combined broker+controller nodes on loopback, one KRaft quorum of all of them
+    (a majority keeps it running), each with its own ports and log directory under `workdir`.
+    Internal topics get min(3, size) replicas; `min_insync` and `replication` are the
+    brokers' defaults for topics created without their own."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        size: int = 3,
+        *,
+        min_insync: int = 2,
+        replication: int | None = None,
+        version: str = KAFKA_VERSION,
+        heap: str = "512m",
+    ):
+        if size < 1:
+            raise ValueError("a cluster has at least one node")
+        self.workdir = workdir
+        self.nodes = [
+            KafkaBroker(workdir / f"node-{i}", version, node_id=i, heap=heap)
+            for i in range(1, size + 1)
+        ]
+        voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self.nodes)
+        cluster_id = random_cluster_id()
+        internal = str(min(3, size))
+        internal_isr = str(min(min_insync, min(3, size)))
+        for node in self.nodes:
+            node.name = f"kafka-{node.node_id}"
+            node.voters = voters
+            node.cluster_id = cluster_id
+            node.overrides = {
+                "offsets.topic.replication.factor": internal,
+                "transaction.state.log.replication.factor": internal,
+                "transaction.state.log.min.isr": internal_isr,
+                "share.coordinator.state.topic.replication.factor": internal,
+                "share.coordinator.state.topic.min.isr": internal_isr,
+                "default.replication.factor": str(replication or min(3, size)),
+                "min.insync.replicas": str(min_insync),
+            }
+        self.bootstrap = ",".join(node.bootstrap for node in self.nodes)
+
+    @property
+    def processes(self) -> list[ManagedProcess]:
+        return [node.process for node in self.nodes if node.process is not None]
+
+    def start(self, timeout: float = 120.0) -> KafkaCluster:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            # formatting is a JVM start per node: side by side
+            with ThreadPoolExecutor(len(self.nodes)) as pool:
+                list(pool.map(lambda node: node.prepare(), self.nodes))
+            for node in self.nodes:
+                node.spawn()
+            for node in self.nodes:
+                node.wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        stop_together(self.processes, grace=20)
 
 
 async def _describe_cluster(bootstrap: str) -> bool:
@@ -213,3 +327,45 @@ async def _describe_cluster(bootstrap: str) -> bool:
         return True
     finally:
         await admin.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m compose.kafka --brokers 3`: a local cluster to try replication with; prints
+    its bootstrap servers and runs until Ctrl-C (then stops every node it started)."""
+    import argparse
+    import sys
+    import tempfile
+    import time
+
+    from compose.process import interrupt_guard
+
+    parser = argparse.ArgumentParser(prog="python -m compose.kafka", description=main.__doc__)
+    parser.add_argument("--brokers", type=int, default=3, help="nodes (default 3)")
+    parser.add_argument("--min-insync", type=int, default=None, help="default: brokers - 1")
+    parser.add_argument("--workdir", type=Path, help="logs and data (default: a temp dir)")
+    args = parser.parse_args(argv)
+    if args.brokers < 1:
+        parser.error("--brokers must be at least 1")
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="draftgen-kafka-"))
+    min_insync = args.min_insync or max(1, min(3, args.brokers) - 1)
+    with interrupt_guard():
+        cluster = KafkaCluster(workdir, args.brokers, min_insync=min_insync)
+        try:
+            cluster.start()
+            print(f"bootstrap: {cluster.bootstrap}  (data and logs in {workdir})", flush=True)
+            print("Ctrl-C stops it", file=sys.stderr, flush=True)
+            while all(p.alive() for p in cluster.processes):
+                time.sleep(1)
+            print("a node exited; stopping the others", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            return 130
+        except ServiceError as err:
+            print(f"compose.kafka: {err}", file=sys.stderr)
+            return 1
+        finally:
+            cluster.stop()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from compose.kafka import KafkaBroker
+from compose.kafka import KafkaBroker, KafkaCluster
 from compose.process import (
     InterruptGuard,
     ManagedProcess,
@@ -49,6 +49,7 @@ class LocalStack:
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.kafka: KafkaBroker | None = None
+        self.kafka_cluster: KafkaCluster | None = None
         self.s3: SeaweedS3 | None = None
         self.processes: list[ManagedProcess] = []
         self._servers: set[int] = set()  # id() of the emulators among `processes`
@@ -83,6 +84,13 @@ class LocalStack:
         self.kafka = KafkaBroker(self.workdir / "kafka")  # known before it is started
         self.kafka.start()
         return self.kafka.bootstrap
+
+    def start_kafka_cluster(self, size: int = 3, min_insync: int = 2) -> KafkaCluster:
+        """Several brokers on loopback, one KRaft quorum (compose/kafka.py)."""
+        cluster = KafkaCluster(self.workdir / "kafka-cluster", size, min_insync=min_insync)
+        self.kafka_cluster = cluster  # known before it is started: stop_all reaches it
+        cluster.start()
+        return cluster
 
     def start_s3(self) -> SeaweedS3:
         self.s3 = SeaweedS3(self.workdir / "s3")
@@ -140,6 +148,8 @@ class LocalStack:
         workers = [p for p in self.processes if id(p) not in self._servers]
         servers = [p for p in self.processes if id(p) in self._servers]
         infra = [s.process for s in (self.kafka, self.s3) if s is not None and s.process]
+        if self.kafka_cluster is not None:
+            infra += self.kafka_cluster.processes
         try:
             stop_together(workers)
         finally:

@@ -18,7 +18,7 @@ from streams.core.ledger import REGENERATE, generated_prompt_ids, read_generated
 from streams.core.normalize import make_prompt_record
 from streams.core.records import DeadLetter, RecordError
 from streams.core.settings import DEAD_LETTERS, PROMPTS, KafkaSettings
-from streams.core.topics import ensure_topics, within_topic_limits
+from streams.core.topics import prepare_topics
 from streams.core.turns import FINAL, mark
 
 log = logging.getLogger(__name__)
@@ -65,18 +65,15 @@ async def publish(
     Prompts in the `generated` ledger are skipped; `regenerate` publishes them anyway, marked
     so that the generate workers do not skip them either."""
     meta = mark({}, regen)
-    await ensure_topics(kafka)
-    kafka = await within_topic_limits(kafka)
+    kafka = await prepare_topics(kafka)
     # What was generated before, by any publish run or source: not sent again.
     done = set() if regenerate else generated_prompt_ids(await read_generated(kafka))
     if regenerate:
         meta[REGENERATE] = True
     producer = AIOKafkaProducer(
         **kafka.aiokafka_kwargs(),
-        acks="all",
-        enable_idempotence=True,
         linger_ms=20,
-        **kafka.producer_kwargs(),
+        **kafka.producer_kwargs(),  # acks=all, idempotent
     )
     await producer.start()
     summary = PublishSummary()

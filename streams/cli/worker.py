@@ -42,14 +42,16 @@ def add_tokenize_flags(parser: argparse.ArgumentParser) -> None:
 
 def run_generate(args: argparse.Namespace) -> int:
     from streams.core.faust_app import run_worker
-    from streams.core.topics import ensure_topics
+    from streams.core.topics import prepare_topics
     from streams.generate.app import build_generate_app
 
     file = settings_file(args)
     settings = build(GenerateSettings, args, base=file.get("generate"))
     once = build(OnceSettings, args, base=file.get("once"))
     observe = build(ObserveSettings, args, base=file.get("observe"))
-    asyncio.run(ensure_topics(settings.kafka))
+    # the replication resolved for this cluster (for faust's own topics too), and the topics'
+    # own message limit: the idempotent producer cannot get past a batch the broker refused
+    settings = settings.model_copy(update={"kafka": asyncio.run(prepare_topics(settings.kafka))})
     app, _ = build_generate_app(settings, observe, once)
     run_worker(app, args.log_level)
     return 0
@@ -65,7 +67,7 @@ def run_tokenize(
     from streams.core.faust_app import run_worker
     from streams.core.memory import limit_malloc_arenas
     from streams.core.tokenizers import load_tokenizer
-    from streams.core.topics import ensure_topics
+    from streams.core.topics import prepare_topics
     from streams.tokenize.app import build_tokenize_app, manifest
 
     file = settings_file(args)
@@ -87,7 +89,7 @@ def run_tokenize(
         raise
     except Exception as err:
         raise CliError(f"cannot write to {store.url}: {short_error(err)}") from None
-    asyncio.run(ensure_topics(settings.kafka))
+    settings = settings.model_copy(update={"kafka": asyncio.run(prepare_topics(settings.kafka))})
     app, _ = build_tokenize_app(settings, loaded, store, observe)
     run_worker(app, args.log_level)
     return 0

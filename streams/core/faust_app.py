@@ -8,10 +8,11 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, ClassVar, Protocol
 
 import faust
+from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from streams.core.crash_guard import CrashGuard
 from streams.core.outage import quiet_repeats
@@ -41,6 +42,19 @@ def _credentials(kafka: KafkaSettings) -> faust.types.auth.CredentialsT | None:
         )
     context = kafka.ssl_context()
     return faust.SSLCredentials(context) if context is not None else None
+
+
+class _IdempotentProducer(faust_aiokafka.Producer):
+    """faust's aiokafka producer, always idempotent: faust turns idempotence on only inside a
+    transaction, through this hook for the producer's extra options. With acks=all a write
+    retried after a broker is lost (or a leader moves) is stored once, in order."""
+
+    def _settings_extra(self) -> Mapping[str, Any]:
+        return {**super()._settings_extra(), "acks": "all", "enable_idempotence": True}
+
+
+class _Transport(faust_aiokafka.Transport):
+    Producer: ClassVar[type[faust.types.ProducerT]] = _IdempotentProducer
 
 
 def create_app(
@@ -85,7 +99,13 @@ def create_app(
         # how soon an acked offset is committed: the end of a run is its last commit, and a
         # commit is one small request (faust sends none when nothing new was acked)
         broker_commit_interval=0.25,
+        # faust creates no topic here (topic_allow_declare=False); should it ever, they are
+        # replicated like ours (`ensure_topics` resolves the number for the cluster)
+        topic_replication_factor=kafka.replication_factor or 1,
     )
+    # every record the app writes (completions, dead letters, ledger, heartbeats) goes
+    # through this transport's producer: acks=all and idempotent (`_IdempotentProducer`)
+    app.transport = _Transport(app.conf.broker_consumer, app)
     return app
 
 

@@ -287,6 +287,24 @@ class KafkaSettings(Settings):
     session_timeout_s: float = setting(10.0, gt=0)
     # a generation may take minutes, so the poll interval is long (faust default: 300 s)
     max_poll_interval_s: float = setting(1000.0, gt=0)
+    # Durability on a cluster (streams/core/topics.py): copies of each partition of the topics
+    # this project creates, and how many of them must hold a write before it is acknowledged
+    # (every producer of pipeline records writes with acks=all and idempotence). None: min(3,
+    # brokers in the cluster) replicas, and replicas - 1 (at least 1) in sync for the topics
+    # that hold data. A single local broker gets 1 and 1, as before.
+    replication_factor: int | None = setting(
+        None,
+        flag="--replication-factor",
+        help="replicas of each topic this command creates (default: min(3, brokers))",
+        gt=0,
+    )
+    min_insync_replicas: int | None = setting(
+        None,
+        flag="--min-insync-replicas",
+        help="replicas that must hold a write before Kafka acknowledges it, for the topics "
+        "that hold data (default: replicas - 1, at least 1)",
+        gt=0,
+    )
 
     @field_validator("security_protocol", "sasl_mechanism", mode="before")
     @classmethod
@@ -326,11 +344,35 @@ class KafkaSettings(Settings):
     def compression_type(self) -> str | None:
         return None if self.compression == "none" else self.compression
 
+    @model_validator(mode="after")
+    def _insync_within_replicas(self) -> KafkaSettings:
+        if (
+            self.replication_factor is not None
+            and self.min_insync_replicas is not None
+            and self.min_insync_replicas > self.replication_factor
+        ):
+            raise ValueError(
+                f"--min-insync-replicas {self.min_insync_replicas} is more than "
+                f"--replication-factor {self.replication_factor}: no write could be acknowledged"
+            )
+        return self
+
+    def replicas_for(self, brokers: int) -> tuple[int, int]:
+        """(replication factor, min.insync.replicas of the data topics) on a cluster of
+        `brokers` brokers: the settings, or min(3, brokers) and one less (at least 1)."""
+        replicas = self.replication_factor or min(3, max(1, brokers))
+        insync = self.min_insync_replicas or max(1, replicas - 1)
+        return replicas, insync
+
     def producer_kwargs(self) -> dict[str, Any]:
-        """The size limit and compression of every producer of the pipeline's topics."""
+        """Every producer of the pipeline's records: its size limit and compression, and
+        acks from every in-sync replica with idempotence, so a write acknowledged survives the
+        loss of a broker and a retried one is stored once."""
         return {
             "max_request_size": self.max_message_bytes,
             "compression_type": self.compression_type,
+            "acks": "all",
+            "enable_idempotence": True,
         }
 
     def too_large(self, key: bytes | None, value: bytes) -> str | None:

@@ -20,6 +20,7 @@ from streams.core.ledger import REGENERATE
 from streams.core.normalize import make_prompt_record
 from streams.core.records import DeadLetter, PromptRecord, RecordError
 from streams.core.settings import COMPLETIONS, PROMPTS, KafkaSettings
+from streams.core.topics import within_topic_limits
 from streams.ops.progress import DeadLetterReader
 
 # stage -> the topic whose consumer produced the letter
@@ -88,7 +89,10 @@ def republishable(letter: DeadLetter) -> tuple[str, bytes, bytes]:
 
 async def republish(kafka: KafkaSettings, selection: Selection) -> tuple[int, Counter[str]]:
     letters = [letter for letter in await read_dead_letters(kafka) if selection.matches(letter)]
-    producer = AIOKafkaProducer(**kafka.aiokafka_kwargs(), **kafka.producer_kwargs(), acks="all")
+    # an idempotent producer cannot get past a batch the broker refused: check each record
+    # against the topics' own limits first (streams/core/topics.py)
+    kafka = await within_topic_limits(kafka)
+    producer = AIOKafkaProducer(**kafka.aiokafka_kwargs(), **kafka.producer_kwargs())
     await producer.start()
     sent, still_bad = 0, Counter[str]()
     try:

@@ -266,7 +266,6 @@ def _produce_share(kafka_json: str, pool_path: str, plan_path: str, share: int, 
         producer = AIOKafkaProducer(
             **kafka.aiokafka_kwargs(),
             **kafka.producer_kwargs(),
-            acks="all",
             linger_ms=5,
             max_batch_size=1024 * 1024,
         )

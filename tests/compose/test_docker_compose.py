@@ -183,3 +183,48 @@ def test_concurrency_auto_lets_sglang_size_its_batch() -> None:
 def test_bad_server_lists_are_refused_with_the_line(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_servers(text)
+
+
+@pytest.fixture(scope="module")
+def cluster_file() -> dict[str, Any]:
+    return load((COMPOSE / "docker-compose.cluster.yml").read_text())
+
+
+def test_committed_cluster_file_is_the_rendering_with_three_brokers() -> None:
+    servers = parse_servers((COMPOSE / "servers.txt").read_text())
+    assert (COMPOSE / "docker-compose.cluster.yml").read_text() == render(servers, brokers=3), (
+        "run: python -m compose.render_compose --brokers 3 compose/servers.txt "
+        "> compose/docker-compose.cluster.yml"
+    )
+
+
+def test_the_cluster_option_is_three_replicating_kraft_nodes(cluster_file: dict[str, Any]) -> None:
+    services = cluster_file["services"]
+    nodes = ["kafka", "kafka-2", "kafka-3"]
+    envs = [{k: interpolate(str(v)) for k, v in services[n]["environment"].items()} for n in nodes]
+    voters = "1@kafka:9093,2@kafka-2:9093,3@kafka-3:9093"
+    assert [env["KAFKA_NODE_ID"] for env in envs] == ["1", "2", "3"]
+    assert len({env["CLUSTER_ID"] for env in envs}) == 1
+    for name, env in zip(nodes, envs, strict=True):
+        assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == voters
+        assert f"DOCKER://{name}:9092" in env["KAFKA_ADVERTISED_LISTENERS"]
+        assert env["KAFKA_DEFAULT_REPLICATION_FACTOR"] == "3"
+        assert env["KAFKA_MIN_INSYNC_REPLICAS"] == "2"
+        assert env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == "3"
+    assert {services[n]["volumes"][0].split(":")[0] for n in nodes} == {f"{n}-data" for n in nodes}
+    assert {f"{n}-data" for n in nodes} <= set(cluster_file["volumes"])
+    # every worker knows every broker, waits for all of them and asks for three replicas
+    parser = build_parser()
+    workers = [n for n, s in services.items() if "command" in s and command(s)[:1] == ["worker"]]
+    assert "tokenize" in workers and len(workers) > 1
+    for name in workers:
+        argv = command(services[name])
+        assert argv[argv.index("--bootstrap") + 1] == "kafka:9092,kafka-2:9092,kafka-3:9092"
+        assert set(nodes) <= set(services[name]["depends_on"]), name
+        parser.parse_args(argv)
+    replication = services["tokenize"]["environment"]["DRAFTGEN_KAFKA_REPLICATION_FACTOR"]
+    assert interpolate(str(replication)) == "3"
+    # the single-broker file stays as it was: no replication asked, one node
+    single = load((COMPOSE / "docker-compose.yml").read_text())["services"]
+    assert "kafka-2" not in single
+    assert "DRAFTGEN_KAFKA_REPLICATION_FACTOR" not in single["tokenize"]["environment"]

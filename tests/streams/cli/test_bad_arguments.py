@@ -109,6 +109,11 @@ CASES: dict[str, Case] = {
         generate(), "DRAFTGEN_KAFKA_SESSION_TIMEOUT_S", {"DRAFTGEN_KAFKA_SESSION_TIMEOUT_S": "-5"}
     ),
     "out-empty": Case(tokenize("--out", ""), "--out"),
+    "replication-zero": Case(generate("--replication-factor", "0"), "--replication-factor"),
+    "insync-over-replicas": Case(
+        generate("--replication-factor", "1", "--min-insync-replicas", "2"),
+        "--min-insync-replicas",
+    ),
     "report-bootstrap-env": Case(
         ("report", "--out", "o", "--dataset", "v"),
         "DRAFTGEN_BOOTSTRAP",
