@@ -15,6 +15,7 @@ PROMPT_FIELDS: dict[str, tuple[Any, str]] = {
     "tools": ("run_shell", "bad_shape"),
     "meta": (["row", 1], "bad_shape"),
     "published_at": ("yesterday", "bad_shape"),
+    "source_id": (12, "bad_shape"),
 }
 
 # the generated part of a completion record
@@ -69,6 +70,7 @@ def prompt_dict(prompt_id: str, text: str = "What is a write-ahead log?") -> dic
         "tools": None,
         "meta": {"row": 1},
         "published_at": 1.0,
+        "source_id": "row-1",
     }
 
 

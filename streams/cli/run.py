@@ -124,7 +124,7 @@ def register(commands: Any) -> None:
     parser.add_argument("sources", nargs="*", help="prompt sources (default: the bundled samples)")
     add_flags(parser, RunSettings)
     add_flags(parser, KafkaSettings)
-    add_flags(parser, PublishSettings, only=["limit", "regen"])
+    add_flags(parser, PublishSettings, only=["limit", "regen", "id_field"])
     # `run`'s own --tokenizer serves both stages
     add_flags(parser, GenerateSettings, skip=["server", "kafka", "instance_id", "tokenizer_dir"])
     add_flags(parser, TokenizeSettings, only=TOKENIZE_FLAGS)
@@ -178,7 +178,12 @@ def run_pipeline(args: argparse.Namespace) -> int:
         kafka = build(KafkaSettings, args, bootstrap=bootstrap)
         summary = asyncio.run(
             publish(
-                kafka, specs, publishing.limit, storage.storage_options(), regen=publishing.regen
+                kafka,
+                specs,
+                publishing.limit,
+                storage.storage_options(),
+                regen=publishing.regen,
+                id_field=publishing.id_field,
             )
         )
         print(summary.line())

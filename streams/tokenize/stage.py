@@ -203,6 +203,7 @@ class TokenizeWorker:
             token_source=sample.token_source,
             drift=sample.drift,
             conversation_id=(completion.meta or {}).get("conversation_id"),
+            source_id=completion.source_id,
             truncated=sample.truncated,
             drift_cause=sample.drift_cause.key if sample.drift_cause else None,
         )
