@@ -241,6 +241,19 @@ class ShardStore:
             return None
         return SealedManifest.decode(self.fs.cat_file(self.layout.sealed))
 
+    def fenced(self) -> bool:
+        """Whether the version is sealed or being sealed: writers must not change it."""
+        self.fs.invalidate_cache(self.layout.base)
+        return bool(self.fs.exists(self.layout.fence) or self.fs.exists(self.layout.sealed))
+
+    def write_fence(self) -> None:
+        self._put(self.layout.fence, orjson.dumps({"fenced_at": time.time()}))
+
+    def sealed_offsets(self) -> dict[int, int] | None:
+        """The committed offsets the sealed manifest covers (None: not sealed)."""
+        sealed = self.sealed()
+        return None if sealed is None else {int(p): o for p, o in sealed.offsets.items()}
+
     def seal(self, offsets: dict[int, int]) -> SealedManifest:
         """Write the manifest of exactly the windows and rows settled below `offsets`."""
         resolution = self.committed(offsets, keep_ids=False)
@@ -361,8 +374,8 @@ __all__ = [
     "SHARD_SCHEMA",
     "SampleRow",
     "ShardMarker",
-    "conform",
     "ShardStore",
+    "conform",
     "parse_shard_name",
     "rows_to_table",
     "table_to_ipc_stream",

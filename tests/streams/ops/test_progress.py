@@ -24,3 +24,17 @@ def test_figures_sum_the_drift_causes_of_the_markers(tmp_path: Path) -> None:
     figures = dataset_figures(store)
     assert (figures.compared, figures.drifted) == (5, 4)
     assert figures.drift_causes.most_common() == [(TURN, 3), (PROMPT, 1)]
+
+
+def test_a_sealed_versions_figures_are_its_manifests_whatever_was_written_after(
+    tmp_path: Path,
+) -> None:
+    store = ShardStore(str(tmp_path), "v1")
+    store.write_shard(0, 0, 2, [row("a"), row("b")], drops={"c": "policy_length"})
+    manifest = store.seal({0: 3})
+    # a writer that did not know of the seal (one from before the fence)
+    store.write_shard(0, 3, 4, [row("d"), row("e")])
+    figures = dataset_figures(store)
+    assert (figures.samples, figures.tokens, figures.drops) == (2, 6, {"c": "policy_length"})
+    assert (manifest.samples, manifest.tokens) == (figures.samples, figures.tokens)
+    assert store.read_table().num_rows == figures.samples
