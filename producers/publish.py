@@ -16,7 +16,7 @@ from tqdm import tqdm
 from producers.sources import HF_PREFIX, Row, SourceSpec, mix_sources, row_error
 from streams.core.delivery import letter_output
 from streams.core.ledger import REGENERATE, generated_prompt_ids, read_generated
-from streams.core.normalize import DEFAULT_ID_FIELD, make_prompt_record
+from streams.core.normalize import DEFAULT_ID_FIELD, make_prompt_record, source_id_of
 from streams.core.records import DeadLetter, RecordError
 from streams.core.settings import DEAD_LETTERS, PROMPTS, KafkaSettings
 from streams.core.topics import ensure_topics, within_topic_limits
@@ -100,10 +100,13 @@ async def publish(
             for future in done:
                 future.result()  # a failed delivery fails the publish run loudly
 
-    async def reject(spec: SourceSpec, row: int, err: RecordError, raw: bytes) -> None:
+    async def reject(
+        spec: SourceSpec, row: int, err: RecordError, raw: bytes, source_id: str | None = None
+    ) -> None:
         summary.rejected[err.kind] += 1
         message = f"{spec.path} row {row}: {err.message}"
         letter = DeadLetter.for_payload(STAGE, err.kind, message, raw, origin=f"{spec.path}:{row}")
+        letter.source_id = source_id
         await send(*letter_output(kafka, dead_topic, letter))
 
     try:
@@ -144,7 +147,7 @@ async def _publish_row(
             row, source_name(spec), {**meta, "row": row_number}, id_field=id_field
         )
     except RecordError as err:
-        await reject(spec, row_number, err, _dump(row))
+        await reject(spec, row_number, err, _dump(row), _known_id(row, id_field))
         return
     if record.prompt_id in seen:
         summary.duplicates += 1
@@ -156,12 +159,20 @@ async def _publish_row(
     if problem := kafka.too_large(record.prompt_id.encode(), value):
         too_large = RecordError("record_too_large", problem)
         log.warning("%s row %d: %s", spec.path, row_number, too_large.message)
-        await reject(spec, row_number, too_large, value)
+        await reject(spec, row_number, too_large, value, record.source_id)
         return
     seen.add(record.prompt_id)
     await send(kafka.topic(PROMPTS), record.prompt_id.encode(), value)
     summary.published += 1
     summary.prompt_ids.append(record.prompt_id)
+
+
+def _known_id(row: Any, id_field: str) -> str | None:
+    """The row's own id for its dead letter, if it has a valid one."""
+    try:
+        return source_id_of(row, id_field)
+    except RecordError:
+        return None
 
 
 def _dump(row: Any) -> bytes:

@@ -47,6 +47,7 @@ DEAD_LETTER_FIELDS: dict[str, tuple[Any, str]] = {
     "origin": (8, "bad_shape"),
     "prompt_id": (9, "bad_shape"),
     "at": ("now", "bad_shape"),
+    "source_id": (10, "bad_shape"),
 }
 
 # whole values of the wrong shape, with the kind each becomes
@@ -106,6 +107,7 @@ def dead_letter_dict() -> dict[str, Any]:
         "origin": "prompts-0@1",
         "prompt_id": "p",
         "at": 1.0,
+        "source_id": None,
     }
 
 

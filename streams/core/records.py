@@ -407,6 +407,7 @@ class DeadLetter(_Record):
         "origin": optional(text),
         "prompt_id": optional(text),
         "at": seconds,
+        "source_id": optional(text),
     }
 
     stage: str
@@ -420,6 +421,9 @@ class DeadLetter(_Record):
     origin: str | None = None
     prompt_id: str | None = None
     at: float = field(default_factory=time.time)
+    # the source row's own id, when known where the letter is written (a rejected source row);
+    # letters of later stages have it in their payload (`failed_prompt`)
+    source_id: str | None = None
 
     @classmethod
     def for_payload(

@@ -720,6 +720,9 @@ class DeadLetterSelection(Settings):
         flag="--republish",
         help="send the selected letters' payloads back to their stage's input topic",
     )
+    as_json: bool = setting(
+        False, flag="--json", help="one JSON object: the counts and every failed prompt"
+    )
 
 
 class ExportSettings(Settings):
