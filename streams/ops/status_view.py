@@ -60,6 +60,8 @@ class ServerRow:
     errors: dict[str, int]
     last_seen_s: float
     metrics_urls: list[str]
+    # how the server returns exact token ids, as its workers found (None: not known yet)
+    exact_ids: str | None = None
 
 
 @dataclass
@@ -174,6 +176,7 @@ def server_rows(beats: Iterable[Heartbeat], now: float) -> list[ServerRow]:
                 errors=errors,
                 last_seen_s=min(b.age(now) for b in shown),
                 metrics_urls=sorted(b.metrics_url for b in shown if b.metrics_url),
+                exact_ids=next((n for b in shown if (n := b.notes.get("exact_ids"))), None),
             )
         )
     return rows
@@ -366,6 +369,7 @@ def render_text(snapshot: StatusSnapshot) -> str:
                 "err rate",
                 "completed",
                 "paused",
+                "exact ids",
                 "last seen",
             ],
             [
@@ -378,6 +382,7 @@ def render_text(snapshot: StatusSnapshot) -> str:
                     percent(r.error_rate),
                     count(r.completed),
                     f"yes ({r.paused_for})" if r.paused else "no",
+                    r.exact_ids or "-",
                     f"{r.last_seen_s:.0f}s ago",
                 ]
                 for r in s.servers
