@@ -65,8 +65,8 @@ def test_run_says_on_its_console_that_its_server_is_down_and_when_it_is_back(
         lambda: f"the console to say the server is down:\n{run.tail()}",
     )
     assert run.alive()
-    [row] = wait_for(
-        lambda: [s for s in _status(pipeline)["servers"] if s["server"] == server and s["paused"]],
+    row = wait_for(
+        lambda: (found := _status(pipeline)["servers"].get(server)) and found["paused"] and found,
         60,
         "status to show the server paused",
     )
