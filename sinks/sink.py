@@ -382,6 +382,7 @@ class ShardSink(Generic[T]):
             offsets = await self._io("reading the sealed offsets", self.store.sealed_offsets)
             if offsets is not None and offsets.get(window.partition, 0) > window.end_offset:
                 return False  # covered by the seal (its offsets were committed before it)
+        if self.sealed is None:  # not said yet by a window checked at the same time
             self.sealed = sealed_line(
                 self.store.layout.dataset, window.partition, window.start_offset
             )

@@ -784,3 +784,20 @@ def test_a_window_written_while_the_seal_lands_is_removed_and_not_acked(tmp_path
     manifest = h.store.seal({0: 2})
     assert manifest.samples == 2
     assert sorted(h.store.read_table()["prompt_id"].to_pylist()) == ["a", "b"]
+
+
+def test_windows_checked_against_the_seal_at_once_say_it_once(tmp_path: Path) -> None:
+    h = harness(ShardStore(str(tmp_path), "v1"), max_records=1)
+    said: list[str] = []
+    h.sink.on_sealed = said.append
+    h.store.write_fence()
+
+    async def run() -> None:
+        # two windows flushed together (the sink writes up to two at a time)
+        await h.sink.add(h.event(0, 0, "a"))
+        await h.sink.add(h.event(1, 0, "b"))
+        await h.sink.drain()
+
+    asyncio.run(run())
+    assert h.acks() == [] and h.store.markers() == []
+    assert len(said) == 1
