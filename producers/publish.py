@@ -7,15 +7,16 @@ import logging
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from tqdm import tqdm
 
-from producers.sources import Row, SourceSpec, mix_sources, row_error
+from producers.sources import HF_PREFIX, Row, SourceSpec, mix_sources, row_error
 from streams.core.delivery import letter_output
 from streams.core.ledger import REGENERATE, generated_prompt_ids, read_generated
-from streams.core.normalize import make_prompt_record
+from streams.core.normalize import DEFAULT_ID_FIELD, make_prompt_record, source_id_of
 from streams.core.records import DeadLetter, RecordError
 from streams.core.settings import DEAD_LETTERS, PROMPTS, KafkaSettings
 from streams.core.topics import prepare_topics
@@ -47,8 +48,12 @@ class PublishSummary:
         )
 
 
-def _source_name(spec: SourceSpec) -> str:
-    return spec.path
+def source_name(spec: SourceSpec) -> str:
+    """What the data calls a source: its file (or directory, or glob) name, or the `hf:` spec;
+    never a path of the publishing machine."""
+    if spec.path.startswith(HF_PREFIX):
+        return spec.path
+    return PurePosixPath(spec.path.rstrip("/")).name or spec.path
 
 
 async def publish(
@@ -59,11 +64,13 @@ async def publish(
     progress: bool = True,
     regen: str = FINAL,
     regenerate: bool = False,
+    id_field: str = DEFAULT_ID_FIELD,
 ) -> PublishSummary:
     """Publish every row of `specs`; `regen` "every-turn" asks the generate stage to regenerate
     each assistant turn of a conversation, not only the final one (streams/generate/regen.py).
     Prompts in the `generated` ledger are skipped; `regenerate` publishes them anyway, marked
-    so that the generate workers do not skip them either."""
+    so that the generate workers do not skip them either. A row's `id_field` becomes its
+    prompt's `source_id`."""
     meta = mark({}, regen)
     kafka = await prepare_topics(kafka)
     # What was generated before, by any publish run or source: not sent again.
@@ -90,16 +97,19 @@ async def publish(
             for future in done:
                 future.result()  # a failed delivery fails the publish run loudly
 
-    async def reject(spec: SourceSpec, row: int, err: RecordError, raw: bytes) -> None:
+    async def reject(
+        spec: SourceSpec, row: int, err: RecordError, raw: bytes, source_id: str | None = None
+    ) -> None:
         summary.rejected[err.kind] += 1
         message = f"{spec.path} row {row}: {err.message}"
         letter = DeadLetter.for_payload(STAGE, err.kind, message, raw, origin=f"{spec.path}:{row}")
+        letter.source_id = source_id
         await send(*letter_output(kafka, dead_topic, letter))
 
     try:
         for spec, row_number, row in mix_sources(specs, limit, storage_options=storage_options):
             await _publish_row(
-                spec, row_number, row, summary, seen, send, reject, kafka, meta, done
+                spec, row_number, row, summary, seen, send, reject, kafka, meta, done, id_field
             )
             bar.update(1)
         if pending:
@@ -124,14 +134,17 @@ async def _publish_row(
     kafka: KafkaSettings,
     meta: dict[str, Any],
     done: set[str],
+    id_field: str,
 ) -> None:
     if isinstance(row, bytes):
         await reject(spec, row_number, row_error(row), row)
         return
     try:
-        record = make_prompt_record(row, _source_name(spec), {**meta, "row": row_number})
+        record = make_prompt_record(
+            row, source_name(spec), {**meta, "row": row_number}, id_field=id_field
+        )
     except RecordError as err:
-        await reject(spec, row_number, err, _dump(row))
+        await reject(spec, row_number, err, _dump(row), _known_id(row, id_field))
         return
     if record.prompt_id in seen:
         summary.duplicates += 1
@@ -143,12 +156,20 @@ async def _publish_row(
     if problem := kafka.too_large(record.prompt_id.encode(), value):
         too_large = RecordError("record_too_large", problem)
         log.warning("%s row %d: %s", spec.path, row_number, too_large.message)
-        await reject(spec, row_number, too_large, value)
+        await reject(spec, row_number, too_large, value, record.source_id)
         return
     seen.add(record.prompt_id)
     await send(kafka.topic(PROMPTS), record.prompt_id.encode(), value)
     summary.published += 1
     summary.prompt_ids.append(record.prompt_id)
+
+
+def _known_id(row: Any, id_field: str) -> str | None:
+    """The row's own id for its dead letter, if it has a valid one."""
+    try:
+        return source_id_of(row, id_field)
+    except RecordError:
+        return None
 
 
 def _dump(row: Any) -> bytes:

@@ -46,6 +46,12 @@ class DatasetLayout:
         return f"{self.base}/sealed.json"
 
     @property
+    def fence(self) -> str:
+        """Written by `draftgen seal` before it reads the offsets to seal at: from then on no
+        worker commits a window of the version (sinks/sink.py)."""
+        return f"{self.base}/_sealing.json"
+
+    @property
     def data_dir(self) -> str:
         return f"{self.base}/data"
 

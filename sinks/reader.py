@@ -34,7 +34,7 @@ import pyarrow.dataset as pads
 from sinks.layout import parse_shard_name
 from sinks.manifest import SealedManifest
 from sinks.resolve import Resolution, light_marker, resolve
-from sinks.shards import SHARD_SCHEMA, ShardMarker, ShardStore, read_present
+from sinks.shards import SHARD_SCHEMA, ShardMarker, ShardStore, conform, read_present
 
 # listings a shard may fail its check in a row (rewritten under us) before it is an error
 MAX_SHARD_RETRIES = 3
@@ -140,7 +140,7 @@ class DatasetReader:
             raise ShardChanged(f"{ref.path} is gone") from None
         if ref.sha256 and hashlib.sha256(data).hexdigest() != ref.sha256:
             raise ShardChanged(f"{ref.path} is not the shard its marker or manifest describes")
-        table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+        table = conform(pa.ipc.open_stream(pa.py_buffer(data)).read_all())
         if ref.exclude:
             keep = np.ones(table.num_rows, dtype=bool)
             keep[[i for i in ref.exclude if i < table.num_rows]] = False

@@ -37,8 +37,23 @@ SHARD_SCHEMA = pa.schema(
         ("token_source", pa.string()),
         ("drift", pa.bool_()),
         ("conversation_id", pa.string()),
+        # the source row's own id (null: it had none, or the shard predates the column)
+        ("source_id", pa.string()),
     ]
 )
+
+
+def conform(table: pa.Table) -> pa.Table:
+    """A shard's table in the current schema: columns added since it was written come as
+    nulls, so shards of older writers read alike (and concatenate with newer ones)."""
+    if table.schema.names == SHARD_SCHEMA.names:
+        return table
+    for column in SHARD_SCHEMA:
+        if column.name not in table.schema.names:
+            table = table.append_column(column, pa.nulls(table.num_rows, column.type))
+    return table.select(
+        [*SHARD_SCHEMA.names, *(n for n in table.schema.names if n not in SHARD_SCHEMA.names)]
+    )
 
 
 # a row's ids or mask: numpy arrays from the tokenize stage, lists elsewhere
@@ -55,6 +70,7 @@ class SampleRow:
     token_source: str
     drift: bool | None = None
     conversation_id: str | None = None
+    source_id: str | None = None
     # why it drifted (samples.py's DriftCause.key); counted in the marker, not a column
     drift_cause: str | None = None
     # cut to the sample policy's --max-seq-len; counted in the marker, not a column
@@ -92,6 +108,7 @@ def rows_to_table(rows: Sequence[SampleRow]) -> pa.Table:
             "token_source": pa.array([r.token_source for r in rows], pa.string()),
             "drift": pa.array([r.drift for r in rows], pa.bool_()),
             "conversation_id": pa.array([r.conversation_id for r in rows], pa.string()),
+            "source_id": pa.array([r.source_id for r in rows], pa.string()),
         },
         schema=SHARD_SCHEMA,
     )
@@ -227,6 +244,19 @@ class ShardStore:
             return None
         return SealedManifest.decode(self.fs.cat_file(self.layout.sealed))
 
+    def fenced(self) -> bool:
+        """Whether the version is sealed or being sealed: writers must not change it."""
+        self.fs.invalidate_cache(self.layout.base)
+        return bool(self.fs.exists(self.layout.fence) or self.fs.exists(self.layout.sealed))
+
+    def write_fence(self) -> None:
+        self._put(self.layout.fence, orjson.dumps({"fenced_at": time.time()}))
+
+    def sealed_offsets(self) -> dict[int, int] | None:
+        """The committed offsets the sealed manifest covers (None: not sealed)."""
+        sealed = self.sealed()
+        return None if sealed is None else {int(p): o for p, o in sealed.offsets.items()}
+
     def seal(self, offsets: dict[int, int]) -> SealedManifest:
         """Write the manifest of exactly the windows and rows settled below `offsets`."""
         resolution = self.committed(offsets, keep_ids=False)
@@ -274,7 +304,7 @@ class ShardStore:
 
     def read_shard(self, marker: ShardMarker) -> pa.Table:
         with self.fs.open(self.shard_path(marker), "rb") as handle:
-            return pa.ipc.open_stream(handle).read_all()
+            return conform(pa.ipc.open_stream(handle).read_all())
 
     def read_table(self) -> pa.Table:
         """Every sample of the version, each prompt id once (its latest answer): the sealed
@@ -303,7 +333,7 @@ class ShardStore:
         tables = []
         for path, excluded in parts:
             with self.fs.open(path, "rb") as handle:
-                table = pa.ipc.open_stream(handle).read_all()
+                table = conform(pa.ipc.open_stream(handle).read_all())
             if excluded:
                 keep = np.ones(table.num_rows, dtype=bool)
                 keep[excluded] = False
@@ -348,6 +378,7 @@ __all__ = [
     "SampleRow",
     "ShardMarker",
     "ShardStore",
+    "conform",
     "parse_shard_name",
     "rows_to_table",
     "table_to_ipc_stream",

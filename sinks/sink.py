@@ -30,6 +30,19 @@ STORAGE_BACKOFF = Backoff(initial_s=1.0, max_s=60.0)
 MAX_FLUSHING = 2
 
 
+def sealed_line(dataset: str, partition: int, offset: int) -> str:
+    """The one line a writer stops with when its version was sealed under it."""
+    return (
+        f"dataset version {dataset} is sealed: this worker stops without writing to it "
+        f"(completions from partition {partition} offset {offset} on stay out of it; "
+        f"`draftgen replay --dataset NEW` builds a version that includes them)"
+    )
+
+
+def _log_sealed(line: str) -> None:
+    log.error("%s", line)
+
+
 @dataclass(frozen=True)
 class Admitted(Generic[T]):
     """What an event contributes to its window."""
@@ -138,6 +151,12 @@ class ShardSink(Generic[T]):
       it must neither adopt the partition in the next generation nor join a window of it.
     - Memory. Open windows and those being written hold at most `max_open_bytes` of records
       (plus the one being added): intake waits for writes when they would exceed it.
+    - Sealed means sealed. `draftgen seal` writes a fence (`_sealing.json`) once the group has
+      caught up, before it reads the offsets it seals at. A window is checked against the
+      fence (or `sealed.json`) before it is prepared (no dead letter is sent for it) and again
+      after its marker is written: fenced, it is not acked, a written window is removed
+      (marker first; it is past the committed offset, so no seal covers it), and the sink
+      stops for good: `on_sealed` gets one line, later events are dropped unacked.
     """
 
     def __init__(
@@ -152,8 +171,12 @@ class ShardSink(Generic[T]):
         generation: Callable[[], int] = lambda: 0,
         backoff: Backoff = STORAGE_BACKOFF,
         clock: Callable[[], float] = time.monotonic,
+        on_sealed: Callable[[str], None] = _log_sealed,
     ):
         self.store = store
+        self.on_sealed = on_sealed
+        # the line this sink stopped with when its version was sealed under it
+        self.sealed: str | None = None
         self.stage = stage
         self.max_records = max_records
         self.max_tokens = max_tokens
@@ -181,6 +204,8 @@ class ShardSink(Generic[T]):
         offset = int(event.message.offset)
         revocations = self._revocations.get(tp, 0)  # as delivered, before any wait
         self._raise_failed()
+        if self.sealed is not None:
+            return  # the version was sealed: nothing more is written or acked
         async with self._lock:
             if tp not in self._adopted and self._revocations.get(tp, 0) == revocations:
                 await self._adopt(tp, offset)
@@ -305,6 +330,8 @@ class ShardSink(Generic[T]):
         self, tp: Hashable, window: _Window[T], previous: asyncio.Task[None] | None
     ) -> None:
         try:
+            if await self._fenced(window):
+                return
             prepared = await self.stage.prepare(window.items)
             if previous is not None:
                 await asyncio.wait([previous])
@@ -332,9 +359,35 @@ class ShardSink(Generic[T]):
         )
         if self._adopted.get(tp) != window.generation:
             return  # revoked while writing (maybe re-adopted since): never acked, redone
+        if await self._fenced(window):
+            # sealed while writing: never acked, so past the sealed offsets; not left behind
+            await self._io(
+                "removing a window written after the seal",
+                self.store.delete_window,
+                window.partition,
+                window.start_offset,
+                window.generation,
+            )
+            return
         self.stage.committed(marker, window.items)
         for event in window.events:
             event.ack()
+
+    async def _fenced(self, window: _Window[T]) -> bool:
+        """Whether the version is sealed (or being sealed) past this window: then the sink
+        stops, saying so once."""
+        if self.sealed is None:
+            if not await self._io("checking the seal", self.store.fenced):
+                return False
+            offsets = await self._io("reading the sealed offsets", self.store.sealed_offsets)
+            if offsets is not None and offsets.get(window.partition, 0) > window.end_offset:
+                return False  # covered by the seal (its offsets were committed before it)
+        if self.sealed is None:  # not said yet by a window checked at the same time
+            self.sealed = sealed_line(
+                self.store.layout.dataset, window.partition, window.start_offset
+            )
+            self.on_sealed(self.sealed)
+        return True
 
     async def _io(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         """Blocking storage I/O in a thread, waiting out outages with backoff."""

@@ -15,6 +15,7 @@ PROMPT_FIELDS: dict[str, tuple[Any, str]] = {
     "tools": ("run_shell", "bad_shape"),
     "meta": (["row", 1], "bad_shape"),
     "published_at": ("yesterday", "bad_shape"),
+    "source_id": (12, "bad_shape"),
 }
 
 # the generated part of a completion record
@@ -47,6 +48,7 @@ DEAD_LETTER_FIELDS: dict[str, tuple[Any, str]] = {
     "origin": (8, "bad_shape"),
     "prompt_id": (9, "bad_shape"),
     "at": ("now", "bad_shape"),
+    "source_id": (10, "bad_shape"),
 }
 
 # whole values of the wrong shape, with the kind each becomes
@@ -70,6 +72,7 @@ def prompt_dict(prompt_id: str, text: str = "What is a write-ahead log?") -> dic
         "tools": None,
         "meta": {"row": 1},
         "published_at": 1.0,
+        "source_id": "row-1",
     }
 
 
@@ -106,6 +109,7 @@ def dead_letter_dict() -> dict[str, Any]:
         "origin": "prompts-0@1",
         "prompt_id": "p",
         "at": 1.0,
+        "source_id": None,
     }
 
 

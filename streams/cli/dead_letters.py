@@ -1,4 +1,5 @@
-"""`draftgen dead-letters`: list dead letters by stage and reason; re-publish them after a fix."""
+"""`draftgen dead-letters`: dead letters by stage and reason, and every failed prompt (prompt id,
+source id, stage, reason; `--json` too); re-publish them after a fix."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from streams.ops.dead_letters import Selection, read_dead_letters, republish, summarize
+    import orjson
+
+    from streams.ops.dead_letters import Selection, as_json, listing, read_dead_letters, republish
 
     kafka = build(KafkaSettings, args)
     chosen = build(DeadLetterSelection, args)
@@ -30,5 +33,8 @@ def run(args: argparse.Namespace) -> int:
         )
         return 0
     letters = [x for x in asyncio.run(read_dead_letters(kafka)) if selection.matches(x)]
-    print("\n".join(summarize(letters)))
+    if chosen.as_json:
+        print(orjson.dumps(as_json(letters)).decode())
+    else:
+        print("\n".join(listing(letters)))
     return 0

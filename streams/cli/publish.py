@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
             settings.progress,
             regen=settings.regen,
             regenerate=settings.regenerate,
+            id_field=settings.id_field,
         )
     )
     print(summary.line())

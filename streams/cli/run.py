@@ -9,6 +9,7 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,7 @@ from streams.core.settings import (
     secrets_removed,
 )
 from streams.core.turns import finished
+from streams.ops.console import RunConsole
 from streams.ops.progress import DatasetFigures, DeadLetterReader, DeadLetterTally, dataset_figures
 
 if TYPE_CHECKING:  # compose is imported when `run` runs, not when the parser is built
@@ -74,6 +76,7 @@ async def wait_until_done(
     the dataset version, or a dead letter of the publish or generate stage."""
     started = time.monotonic()
     reader = DeadLetterReader(kafka)
+    console = RunConsole(kafka, partial(_say, show_progress))
     try:
         while True:
             # storage may be down or just back (a restarted S3 answers 500 for a moment): the
@@ -90,6 +93,7 @@ async def wait_until_done(
             except TimeoutError:
                 raise RunFailed(f"not done after {timeout_s:.0f}s: storage unreadable") from None
             tally = await reader.poll()
+            await console.poll()
             upstream = tally.ids_before(TOKENIZE_STAGE)
             # every-turn conversations are done when each of their turns is
             done = len(finished(expected, figures.prompt_ids | upstream))
@@ -107,12 +111,40 @@ async def wait_until_done(
                 return RunResult(figures, tally, len(expected), time.monotonic() - started)
             for worker in workers:
                 if not worker.alive():
-                    raise RunFailed(f"worker {worker.name} exited; see {worker.log_path}")
+                    raise RunFailed(exit_line(worker))
             if time.monotonic() - started > timeout_s:
                 raise RunFailed(f"not done after {timeout_s:.0f}s: {done}/{len(expected)} prompts")
             await asyncio.sleep(1.0)
     finally:
         await reader.close()
+        await console.close()
+
+
+def _say(show_progress: bool, line: str) -> None:
+    """A console line of the run; over the progress line when there is one."""
+    print(("\r\x1b[K" if show_progress else "") + f"draftgen run: {line}", file=sys.stderr)
+
+
+# what a worker's log says when it fails: the last such line is why it exited
+_FAILURE_LEVELS = (" ERROR ", " CRITICAL ", "error:")
+
+
+def exit_line(worker: ManagedProcess) -> str:
+    """Which worker exited, with what status and why (its last error line), and its log."""
+    code = worker.popen.returncode if worker.popen is not None else None
+    why = next(
+        (
+            line.strip()
+            for line in reversed(worker.tail(200).splitlines())
+            if any(level in line for level in _FAILURE_LEVELS)
+        ),
+        "",
+    )
+    return (
+        f"worker {worker.name} exited with status {code}"
+        + (f": {why[:300]}" if why else "")
+        + f"; see {worker.log_path}"
+    )
 
 
 TOKENIZE_STAGE = "tokenize"
@@ -125,7 +157,7 @@ def register(commands: Any) -> None:
     parser.add_argument("sources", nargs="*", help="prompt sources (default: the bundled samples)")
     add_flags(parser, RunSettings)
     add_flags(parser, KafkaSettings)
-    add_flags(parser, PublishSettings, only=["limit", "regen"])
+    add_flags(parser, PublishSettings, only=["limit", "regen", "id_field"])
     # `run`'s own --tokenizer serves both stages
     add_flags(parser, GenerateSettings, skip=["server", "kafka", "instance_id", "tokenizer_dir"])
     add_flags(parser, TokenizeSettings, only=TOKENIZE_FLAGS)
@@ -184,7 +216,12 @@ def run_pipeline(args: argparse.Namespace) -> int:
         kafka = build(KafkaSettings, args, bootstrap=bootstrap)
         summary = asyncio.run(
             publish(
-                kafka, specs, publishing.limit, storage.storage_options(), regen=publishing.regen
+                kafka,
+                specs,
+                publishing.limit,
+                storage.storage_options(),
+                regen=publishing.regen,
+                id_field=publishing.id_field,
             )
         )
         print(summary.line())

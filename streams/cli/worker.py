@@ -82,6 +82,11 @@ def run_tokenize(
         raise CliError(f"--out {out}: {err}") from None
     info = manifest(settings, loaded)
     try:
+        if store.fenced():
+            raise CliError(
+                f"dataset version {settings.dataset} is sealed: a worker must not change it; "
+                "`draftgen replay --dataset NEW` builds a new version from the completions"
+            )
         if check is not None:
             info |= check(store.manifest(), settings)
         store.write_manifest(info)
@@ -90,6 +95,11 @@ def run_tokenize(
     except Exception as err:
         raise CliError(f"cannot write to {store.url}: {short_error(err)}") from None
     settings = settings.model_copy(update={"kafka": asyncio.run(prepare_topics(settings.kafka))})
-    app, _ = build_tokenize_app(settings, loaded, store, observe)
-    run_worker(app, args.log_level)
-    return 0
+    app, worker = build_tokenize_app(settings, loaded, store, observe)
+    try:
+        run_worker(app, args.log_level)
+    except SystemExit:
+        if worker.sink.sealed is None:
+            raise
+    # stopped because the version was sealed under it (the line is in its log): not a success
+    return 1 if worker.sink.sealed is not None else 0

@@ -366,7 +366,36 @@ def prompt_id(messages: list[Message], tools: list[Tool] | None) -> str:
     return hashlib.sha256(canonical).hexdigest()[:32]
 
 
-def make_prompt_record(raw: Any, source: str, meta: dict[str, Any] | None = None) -> PromptRecord:
+# the field of a source row that holds the row's own id, unless the user names another
+DEFAULT_ID_FIELD = "id"
+# a source id longer than this is not an id a user joins on: refused, not cut
+MAX_SOURCE_ID = 1024
+
+
+def source_id_of(raw: Any, id_field: str = DEFAULT_ID_FIELD) -> str | None:
+    """The row's own id as text (an integer id too), None when it has none."""
+    value = raw.get(id_field) if isinstance(raw, dict) else None
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise RecordError(
+            "bad_source_id",
+            f"field {id_field!r}: expected a string or an integer, got {type(value).__name__}",
+        )
+    text = str(value)
+    if len(text) > MAX_SOURCE_ID:
+        raise RecordError(
+            "bad_source_id", f"field {id_field!r}: {len(text)} characters, at most {MAX_SOURCE_ID}"
+        )
+    return text or None
+
+
+def make_prompt_record(
+    raw: Any,
+    source: str,
+    meta: dict[str, Any] | None = None,
+    id_field: str = DEFAULT_ID_FIELD,
+) -> PromptRecord:
     """Normalize a source row into a `PromptRecord` (raises `RecordError` for dead letters)."""
     messages, tools = normalize_conversation(raw)
     return PromptRecord(
@@ -375,4 +404,5 @@ def make_prompt_record(raw: Any, source: str, meta: dict[str, Any] | None = None
         source=source,
         tools=tools,
         meta=dict(meta or {}),
+        source_id=source_id_of(raw, id_field),
     )

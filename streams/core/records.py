@@ -245,6 +245,7 @@ _PROMPT_CHECKS: dict[str, Check] = {
     "prompt_id": nonempty_text,
     "messages": objects,  # roles and contents: streams/core/normalize.validate_prompt_messages
     "source": text,
+    "source_id": optional(text),
     "tools": optional(objects),
     "meta": meta,
     "published_at": seconds,
@@ -258,10 +259,14 @@ class PromptRecord(_Record):
 
     prompt_id: str
     messages: list[Message]
+    # the source's name (a file name or an `hf:` spec), never a path of the publishing machine
     source: str = ""
     tools: list[dict[str, Any]] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     published_at: float = field(default_factory=time.time)
+    # the source row's own id (its `id`, or `--id-field`), so samples join back to the user's
+    # data; None when the row has none (and in records written before the field existed)
+    source_id: str | None = None
 
 
 @dataclass
@@ -313,6 +318,7 @@ class CompletionRecord(_Record):
     normalization: str = ""
     latency_s: float = 0.0
     completed_at: float = field(default_factory=time.time)
+    source_id: str | None = None  # the prompt's (PromptRecord.source_id)
 
     def __eq__(self, other: object) -> bool:
         # decoded ids are arrays: compared by value, equal to the same ids as a list
@@ -347,6 +353,7 @@ class CompletionRecord(_Record):
             tools=prompt.tools,
             meta=prompt.meta,
             published_at=prompt.published_at,
+            source_id=prompt.source_id,
             **generated,
         )
 
@@ -404,6 +411,7 @@ class DeadLetter(_Record):
         "origin": optional(text),
         "prompt_id": optional(text),
         "at": seconds,
+        "source_id": optional(text),
     }
 
     stage: str
@@ -417,6 +425,9 @@ class DeadLetter(_Record):
     origin: str | None = None
     prompt_id: str | None = None
     at: float = field(default_factory=time.time)
+    # the source row's own id, when known where the letter is written (a rejected source row);
+    # letters of later stages have it in their payload (`failed_prompt`)
+    source_id: str | None = None
 
     @classmethod
     def for_payload(

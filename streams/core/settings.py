@@ -715,6 +715,14 @@ class PublishSettings(Settings):
         help="final: answer the last turn; every-turn: regenerate each assistant turn of "
         "conversations without tool results, one sample per turn",
     )
+    id_field: str = setting(
+        "id",
+        flag="--id-field",
+        help="the source rows' field that holds their own id, carried to the shards as "
+        "`source_id` (rows without it: null)",
+        min_length=1,
+        max_length=200,
+    )
 
 
 def secrets_removed(settings: BaseModel) -> dict[str, Any]:
@@ -829,6 +837,9 @@ class DeadLetterSelection(Settings):
         False,
         flag="--republish",
         help="send the selected letters' payloads back to their stage's input topic",
+    )
+    as_json: bool = setting(
+        False, flag="--json", help="one JSON object: the counts and every failed prompt"
     )
 
 

@@ -31,7 +31,9 @@ from streams.ops.metrics import Figures, GenerateMetrics
 from streams.ops.observe import install
 
 
-def generate_figures(stats: GenerateStats, requests: int) -> Figures:
+def generate_figures(stats: GenerateStats, requests: int, unreachable: bool = False) -> Figures:
+    """`unreachable`: the server has not answered since the worker started (it waits)."""
+    paused = stats.paused or unreachable
     return Figures(
         counters={
             "requests": requests,
@@ -45,10 +47,11 @@ def generate_figures(stats: GenerateStats, requests: int) -> Figures:
         },
         gauges={
             "in_flight": stats.in_flight,
-            "paused": 1.0 if stats.paused else 0.0,
+            "paused": 1.0 if paused else 0.0,
             "paused_auth": 1.0 if stats.paused_for == AUTH else 0.0,
         },
         errors=dict(stats.errors),
+        notes={"exact_ids": stats.exact_ids} if stats.exact_ids else {},
     )
 
 
@@ -70,7 +73,9 @@ class TimedClient(SGLangClient):
 def observe_generate(
     app: faust.App, worker: GenerateWorker, metrics: GenerateMetrics, settings: ObserveSettings
 ) -> str | None:
-    metrics.attach(lambda: generate_figures(worker.stats, metrics.requests))
+    metrics.attach(
+        lambda: generate_figures(worker.stats, metrics.requests, unreachable=worker.server.down)
+    )
     return install(app, worker.settings.kafka, metrics, settings, worker.broker)
 
 

@@ -50,10 +50,23 @@ class GenerateStats:
     # prompts generated from other workers' backlogs (streams/generate/steal.py)
     stolen: int = 0
     errors: dict[str, int] = field(default_factory=dict)
+    # how its server returns exact token ids, once asked (`ids_note`); "" before
+    exact_ids: str = ""
 
 
 # what a worker whose server returns no exact ids can do instead
 NATIVE_HINT = "--api native --tokenizer DIR gets exact ids from its /generate"
+
+
+def ids_note(way: IdsWay | None) -> str:
+    """The ids way in a few words, for heartbeats (`status`, `run`'s console)."""
+    if way is None:
+        return ""
+    if way.exact:
+        return f"exact via {' + '.join(way.fields)} ({way.name})"
+    if way.fields:
+        return f"prompt ids only ({' + '.join(way.fields)}): samples rendered"
+    return "none: samples rendered"
 
 
 def log_ids_way(server: str, way: IdsWay | None) -> None:
@@ -155,6 +168,7 @@ class GenerateWorker:
             what, self._authorized(self.client.probe_ids), self.backoff, log, self.server
         )
         log_ids_way(self.client.base_url, way)
+        self.stats.exact_ids = ids_note(way)
         if self.settings.concurrency == "auto":
             what = f"asking {self.client.base_url} for its max_running_requests"
             cap = await until_done(

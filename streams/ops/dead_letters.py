@@ -18,7 +18,7 @@ from aiokafka.errors import KafkaError
 from streams.core.delivery import refused_for_good
 from streams.core.ledger import REGENERATE
 from streams.core.normalize import make_prompt_record
-from streams.core.records import DeadLetter, PromptRecord, RecordError
+from streams.core.records import CompletionRecord, DeadLetter, PromptRecord, RecordError
 from streams.core.settings import COMPLETIONS, PROMPTS, KafkaSettings
 from streams.core.topics import within_topic_limits
 from streams.ops.progress import DeadLetterReader
@@ -55,6 +55,82 @@ def summarize(letters: list[DeadLetter]) -> list[str]:
     for (stage, kind), count in sorted(counts.items()):
         lines.append(f"  {stage:9} {kind:28} {count:7}   e.g. {example[(stage, kind)][:80]}")
     return lines
+
+
+@dataclass(frozen=True)
+class FailedPrompt:
+    """One line of the listing: which prompt, from which row of the user's data, where and why."""
+
+    prompt_id: str | None
+    source_id: str | None
+    stage: str
+    kind: str
+    message: str
+    origin: str | None
+    at: float
+
+
+def payload_source_id(letter: DeadLetter) -> str | None:
+    """The source row's id of a letter: its own field, else its payload's (a prompt or a
+    completion record); None when neither says (or the payload was cut)."""
+    if letter.source_id is not None or letter.payload_truncated or letter.stage == "publish":
+        return letter.source_id
+    record_type = CompletionRecord if letter.stage == "tokenize" else PromptRecord
+    try:
+        return record_type.decode(letter.payload_bytes()).source_id
+    except RecordError:
+        return None
+
+
+def failed_prompts(letters: list[DeadLetter]) -> list[FailedPrompt]:
+    """One entry per prompt and stage (its latest letter: a letter sent again after a crash
+    is one failure), in the order the letters were written."""
+    latest: dict[tuple[str | None, str] | int, DeadLetter] = {}
+    for index, letter in enumerate(letters):
+        key = (letter.prompt_id, letter.stage) if letter.prompt_id else index
+        latest.pop(key, None)
+        latest[key] = letter
+    return [
+        FailedPrompt(
+            letter.prompt_id,
+            payload_source_id(letter),
+            letter.stage,
+            letter.kind,
+            letter.message,
+            letter.origin,
+            letter.at,
+        )
+        for letter in latest.values()
+    ]
+
+
+def listing(letters: list[DeadLetter]) -> list[str]:
+    """The counts, then every failed prompt: prompt id, source id, stage, reason."""
+    failed = failed_prompts(letters)
+    width = max((len(f.prompt_id or "-") for f in failed), default=9)
+    source_width = max((len(f.source_id or "-") for f in failed), default=9)
+    lines = summarize(letters)
+    if failed:
+        lines.append("")
+        lines.append(f"{'prompt id':{width}}  {'source id':{source_width}}  {'stage':9}  reason")
+    for f in failed:
+        lines.append(
+            f"{f.prompt_id or '-':{width}}  {f.source_id or '-':{source_width}}  {f.stage:9}  "
+            f"{f.kind}: {f.message[:160]}"
+        )
+    return lines
+
+
+def as_json(letters: list[DeadLetter]) -> dict[str, object]:
+    counts = Counter((letter.stage, letter.kind) for letter in letters)
+    return {
+        "dead_letters": len(letters),
+        "by_reason": [
+            {"stage": stage, "kind": kind, "count": n}
+            for (stage, kind), n in sorted(counts.items())
+        ],
+        "failed_prompts": [f.__dict__ for f in failed_prompts(letters)],
+    }
 
 
 def republishable(letter: DeadLetter) -> tuple[str, bytes, bytes]:

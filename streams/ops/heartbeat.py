@@ -45,6 +45,8 @@ class Heartbeat:
     metrics_url: str | None = None
     host: str = ""
     pid: int = 0
+    # facts as text (generate: `exact_ids`, how its server returns exact token ids)
+    notes: dict[str, str] = field(default_factory=dict)
 
     def encode(self) -> bytes:
         return orjson.dumps({"v": SCHEMA_VERSION, **self.__dict__})
@@ -134,12 +136,14 @@ def refresh(
     counters: dict[str, int],
     gauges: dict[str, float],
     errors: dict[str, int],
+    notes: dict[str, str] | None = None,
 ) -> Heartbeat:
     """The next heartbeat of a worker from its current figures."""
     beat.time = time.time()
     beat.counters = counters
     beat.gauges = gauges
     beat.errors = errors
+    beat.notes = dict(notes or {})
     beat.rates, beat.rate_window_s = window.add(time.monotonic(), counters)
     return beat
 

@@ -39,6 +39,8 @@ class Figures:
     counters: dict[str, int] = field(default_factory=dict)
     gauges: dict[str, float] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
+    # facts worth a line, not a number (a server's way of returning exact ids); heartbeats only
+    notes: dict[str, str] = field(default_factory=dict)
 
 
 GENERATE_FIGURES = (

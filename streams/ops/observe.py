@@ -50,7 +50,7 @@ def install(
     @app.timer(interval=settings.heartbeat_s)
     async def heartbeat() -> None:
         figures = metrics.figures()
-        refresh(beat, window, figures.counters, figures.gauges, figures.errors)
+        refresh(beat, window, figures.counters, figures.gauges, figures.errors, figures.notes)
         started = time.monotonic()
         try:
             # bounded: a heartbeat is worth less than the worker's time; the next one follows

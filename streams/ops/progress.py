@@ -37,8 +37,9 @@ class DatasetFigures:
 
 def dataset_figures(store: ShardStore, *, keep_ids: bool = True) -> DatasetFigures:
     """`keep_ids`: also the prompt ids with an outcome (what `run` waits for); without them
-    memory does not grow with the version (`status`)."""
-    resolution = store.committed(keep_ids=keep_ids)
+    memory does not grow with the version (`status`). A sealed version is what its manifest
+    says: the windows settled below its offsets, as the readers see it."""
+    resolution = store.committed(store.sealed_offsets(), keep_ids=keep_ids)
     figures = DatasetFigures(
         samples=resolution.sample_count,
         prompt_ids=resolution.prompt_ids if keep_ids else set(),

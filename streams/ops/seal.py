@@ -67,15 +67,57 @@ async def wait_caught_up(
         await asyncio.sleep(poll_s)  # a remote group's progress: nothing to await but time
 
 
+# how long the committed offsets must stay put after the fence: longer than a worker's commit
+# interval (0.25 s), so a window acked just before a worker saw the fence is sealed too
+SETTLE_S = 2.0
+
+
+async def wait_for_version(
+    store: ShardStore, timeout_s: float, poll_s: float = 1.0
+) -> dict[str, object]:
+    """The version's dataset.json, once a worker (or a replay just started) has written it."""
+    deadline = time.monotonic() + timeout_s
+    while (info := await asyncio.to_thread(store.manifest)) is None:
+        if time.monotonic() > deadline:
+            raise CliError(
+                f"no dataset version at {store.url} after {timeout_s:.0f}s (no dataset.json): "
+                "is its tokenize worker or replay running?"
+            )
+        await asyncio.sleep(poll_s)  # a worker on another machine: nothing to await but time
+    return info
+
+
+async def settled_offsets(
+    kafka: KafkaSettings, group: str, timeout_s: float, settle_s: float = SETTLE_S
+) -> dict[int, int]:
+    """The group's committed offsets once they have not moved for `settle_s`."""
+    topic = kafka.topic(COMPLETIONS)
+    deadline = time.monotonic() + timeout_s
+    committed, _ = await group_offsets(kafka, group, topic)
+    while True:
+        await asyncio.sleep(settle_s)
+        again, _ = await group_offsets(kafka, group, topic)
+        if again == committed or time.monotonic() > deadline:
+            return again
+        committed = again
+
+
 async def seal(
     kafka: KafkaSettings,
     store: ShardStore,
     timeout_s: float,
     on_lag: Callable[[int], None] = lambda lag: None,
+    settle_s: float = SETTLE_S,
 ) -> SealedManifest:
-    info = store.manifest()
-    if info is None:
-        raise CliError(f"no dataset version at {store.url} (no dataset.json)")
+    """Wait for the version to exist and to catch up, fence it (its workers commit nothing
+    more, sinks/sink.py), then seal it at the offsets committed once they stopped moving."""
+    started = time.monotonic()
+    info = await wait_for_version(store, timeout_s)
     group = str(info.get("consumer_group") or kafka.group(f"draftgen-tokenize-{info['dataset']}"))
-    committed = await wait_caught_up(kafka, group, timeout_s, on_lag=on_lag)
+    if not await asyncio.to_thread(store.fenced):
+        remaining = max(timeout_s - (time.monotonic() - started), 1.0)
+        await wait_caught_up(kafka, group, remaining, on_lag=on_lag)
+        await asyncio.to_thread(store.write_fence)
+    # fenced already: an earlier seal stopped after its fence; its workers have stopped
+    committed = await settled_offsets(kafka, group, timeout_s, settle_s)
     return await asyncio.to_thread(store.seal, committed)

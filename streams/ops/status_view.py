@@ -66,6 +66,8 @@ class ServerRow:
     errors: dict[str, int]
     last_seen_s: float
     metrics_urls: list[str]
+    # how the server returns exact token ids, as its workers found (None: not known yet)
+    exact_ids: str | None = None
 
 
 @dataclass
@@ -180,6 +182,7 @@ def server_rows(beats: Iterable[Heartbeat], now: float) -> list[ServerRow]:
                 errors=errors,
                 last_seen_s=min(b.age(now) for b in shown),
                 metrics_urls=sorted(b.metrics_url for b in shown if b.metrics_url),
+                exact_ids=next((n for b in shown if (n := b.notes.get("exact_ids"))), None),
             )
         )
     return rows
@@ -393,6 +396,7 @@ def render_text(snapshot: StatusSnapshot) -> str:
                 "err rate",
                 "completed",
                 "paused",
+                "exact ids",
                 "last seen",
             ],
             [
@@ -405,6 +409,7 @@ def render_text(snapshot: StatusSnapshot) -> str:
                     percent(r.error_rate),
                     count(r.completed),
                     f"yes ({r.paused_for})" if r.paused else "no",
+                    r.exact_ids or "-",
                     f"{r.last_seen_s:.0f}s ago",
                 ]
                 for r in s.servers

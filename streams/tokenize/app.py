@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 from typing import Any
 
@@ -70,6 +72,13 @@ def manifest(settings: TokenizeSettings, loaded: LoadedTokenizer) -> dict[str, A
     }
 
 
+def stop_sealed(line: str) -> None:
+    """The version was sealed under this worker: say so, and stop as on SIGTERM (nothing
+    more is acked; `worker.sink.sealed` tells the command line to exit non-zero)."""
+    log.error("%s", line)
+    asyncio.get_running_loop().call_soon(os.kill, os.getpid(), signal.SIGTERM)
+
+
 def build_tokenize_app(
     settings: TokenizeSettings,
     loaded: LoadedTokenizer,
@@ -101,6 +110,7 @@ def build_tokenize_app(
         # the fencing token of the shards this worker writes (sinks/sink.py)
         generation=lambda: int(app.consumer_generation_id),
         guard=guard,
+        on_sealed=stop_sealed,
     )
     observe_tokenize(app, worker, TokenizeMetrics(settings.dataset), observe)
 

@@ -67,6 +67,7 @@ class TokenizeWorker:
         clock: Callable[[], float] = time.monotonic,
         generation: Callable[[], int] = lambda: 0,
         guard: CrashGuard | None = None,
+        on_sealed: Callable[[str], None] | None = None,
     ):
         self.guard = guard
         self.settings = settings
@@ -85,6 +86,7 @@ class TokenizeWorker:
             generation=generation,
             backoff=backoff,
             clock=clock,
+            **({"on_sealed": on_sealed} if on_sealed is not None else {}),
         )
         self._crash_after_marker = CrashPoint(AFTER_MARKER)
         self._crash_after_dead_letters = CrashPoint(AFTER_DEAD_LETTERS)
@@ -203,6 +205,7 @@ class TokenizeWorker:
             token_source=sample.token_source,
             drift=sample.drift,
             conversation_id=(completion.meta or {}).get("conversation_id"),
+            source_id=completion.source_id,
             truncated=sample.truncated,
             drift_cause=sample.drift_cause.key if sample.drift_cause else None,
             normalization=sample.normalization,

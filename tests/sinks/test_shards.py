@@ -10,7 +10,14 @@ import pytest
 
 from sinks.layout import DatasetLayout, parse_shard_name, shard_stem
 from sinks.marker import MAX_DRIFT_CAUSES
-from sinks.shards import SampleRow, ShardMarker, ShardStore, read_present
+from sinks.shards import (
+    SHARD_SCHEMA,
+    SampleRow,
+    ShardMarker,
+    ShardStore,
+    read_present,
+    table_to_ipc_stream,
+)
 
 
 def test_shard_names_hold_partition_start_offset_and_generation() -> None:
@@ -213,3 +220,26 @@ def test_read_present_raises_errors_other_than_a_missing_file(tmp_path: Path) ->
     assert set(read_present(store.fs, [marker, f"{marker}.gone"])) == {marker}
     with pytest.raises(IsADirectoryError):
         read_present(store.fs, [marker, store.layout.committed_dir])
+
+
+def test_rows_carry_their_source_id_and_shards_without_the_column_read_as_null(
+    tmp_path: Path,
+) -> None:
+    store = ShardStore(str(tmp_path), "v1")
+    new = [
+        SampleRow("a", "src", [1, 2], [0, 1], "stop", "server", source_id="row-1"),
+        SampleRow("b", "src", [1, 2], [0, 1], "stop", "server"),
+    ]
+    store.write_shard(0, 0, 1, new)
+    # a shard of an earlier writer, without the column
+    old_marker = store.write_shard(1, 0, 0, rows("c"))
+    path = store.shard_path(old_marker)
+    table = pa.ipc.open_stream(store.fs.cat_file(path)).read_all().drop_columns(["source_id"])
+    store.fs.pipe_file(path, table_to_ipc_stream(table))
+    read = store.read_table()
+    assert dict(zip(read["prompt_id"].to_pylist(), read["source_id"].to_pylist(), strict=True)) == {
+        "a": "row-1",
+        "b": None,
+        "c": None,
+    }
+    assert read.schema.names == SHARD_SCHEMA.names

@@ -39,3 +39,17 @@ def test_figures_count_the_samples_of_each_normalization_profile(tmp_path: Path)
 
 def named(prompt_id: str, profile: str) -> SampleRow:
     return SampleRow(prompt_id, "s", [1, 2], [0, 1], "stop", "server", normalization=profile)
+
+
+def test_a_sealed_versions_figures_are_its_manifests_whatever_was_written_after(
+    tmp_path: Path,
+) -> None:
+    store = ShardStore(str(tmp_path), "v1")
+    store.write_shard(0, 0, 2, [row("a"), row("b")], drops={"c": "policy_length"})
+    manifest = store.seal({0: 3})
+    # a writer that did not know of the seal (one from before the fence)
+    store.write_shard(0, 3, 4, [row("d"), row("e")])
+    figures = dataset_figures(store)
+    assert (figures.samples, figures.tokens, figures.drops) == (2, 6, {"c": "policy_length"})
+    assert (manifest.samples, manifest.tokens) == (figures.samples, figures.tokens)
+    assert store.read_table().num_rows == figures.samples

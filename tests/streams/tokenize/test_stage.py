@@ -508,3 +508,23 @@ def test_a_record_that_crashed_the_worker_twice_is_dead_lettered_on_the_next_sta
     asyncio.run(run())
     assert [letter[2:5] for letter in stage.letters()] == [(b"b", "crash_loop", "b")]
     assert [m.prompt_ids for m in stage.store.markers()] == [["a", "c"]]
+
+
+def test_a_sample_row_keeps_its_sources_name_and_row_id(tmp_path: Path) -> None:
+    stage = Stage(tmp_path, shard_max_records=2)
+    for pid, source_id in (("a", "row-7"), ("b", None)):
+        record = CompletionRecord(
+            prompt_id=pid,
+            messages=[{"role": "user", "content": "hi"}],
+            source="prompts.jsonl",
+            source_id=source_id,
+            content="ok",
+            prompt_token_ids=[1, 2],
+            output_token_ids=[3, 4],
+        )
+        asyncio.run(stage.add(record.encode(), key=pid.encode()))
+    table = stage.store.read_table()
+    assert table.select(["prompt_id", "source", "source_id"]).to_pylist() == [
+        {"prompt_id": "a", "source": "prompts.jsonl", "source_id": "row-7"},
+        {"prompt_id": "b", "source": "prompts.jsonl", "source_id": None},
+    ]
