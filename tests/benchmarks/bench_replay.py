@@ -317,8 +317,8 @@ def run_warm(
             _, warm_offsets, _, _ = asyncio.run(
                 _timed(kafka, kafka.group(group), _warmup(records, warmup), 600)
             )
-            warmed = store.seal(warm_offsets)
-            warm_samples, warm_tokens = warmed.samples, warmed.tokens
+            # counted, not sealed: a sealed version stops its workers (README, failure table)
+            warm_samples, warm_tokens = _settled(store, warm_offsets)
         warmup_cpu_s = (sum(cpu_s(pid) for pid in pids) - warm_cpu0) / len(pids)
         idle0 = sum(cpu_s(pid) for pid in pids)
         time.sleep(2.0)  # a worker's own cost while it waits: heartbeats, timers, fetches
@@ -369,6 +369,16 @@ def run_warm(
         producing_s,
         extra,
     )
+
+
+def _settled(store: ShardStore, offsets: dict[int, int]) -> tuple[int, int]:
+    """Samples and tokens settled below `offsets`, as `seal` would count them."""
+    resolution = store.committed(offsets, keep_ids=False)
+    tokens = sum(
+        m.tokens - sum(m.row_tokens[i] for i in resolution.exclude.get(m.key, []))
+        for m in resolution.windows
+    )
+    return resolution.sample_count, tokens
 
 
 def _finished(logs: list[str], done: dict[int, float]) -> list[float]:
