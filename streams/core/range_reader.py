@@ -15,6 +15,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from streams.core.settings import KafkaSettings
+from streams.core.topic_reader import groupless_consumer
 
 
 class RangeReader:
@@ -27,13 +28,7 @@ class RangeReader:
 
     async def start(self) -> None:
         if self._consumer is None:
-            consumer = AIOKafkaConsumer(
-                **self.kafka.aiokafka_kwargs(),
-                **self.kafka.consumer_kwargs(),
-                group_id=None,
-                enable_auto_commit=False,
-                auto_offset_reset="earliest",
-            )
+            consumer = groupless_consumer(self.kafka)
             await consumer.start()
             self._consumer = consumer
 

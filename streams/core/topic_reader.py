@@ -9,8 +9,9 @@ Only public aiokafka calls. A consumer's cached metadata (`partitions_for_topic`
 topic created after the consumer started only at its next periodic refresh, and
 `consumer.topics()` reads into a copy, so the partitions come from an admin client's metadata:
 `list_topics` first (it asks for all topics, so a topic not created yet is never auto-created
-by a broker that allows that), then `describe_topics`. `assign` makes the consumer fetch the
-topic's metadata itself. The admin client is closed once the partitions are known.
+by a broker that allows that), then `describe_topics`, through `topics.on_admin` (a broker just
+lost on a cluster is retried, not a failure). `assign` makes the consumer fetch the topic's
+metadata itself.
 """
 
 from __future__ import annotations
@@ -23,6 +24,19 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import ConsumerRecord
 
 from streams.core.settings import KafkaSettings
+from streams.core.topics import on_admin
+
+
+def groupless_consumer(kafka: KafkaSettings) -> AIOKafkaConsumer:
+    """A consumer (not started) that joins no group and commits nothing."""
+    return AIOKafkaConsumer(
+        **kafka.aiokafka_kwargs(),
+        **kafka.consumer_kwargs(),
+        group_id=None,
+        enable_auto_commit=False,
+        # records deleted by retention under our position: go on from the oldest kept
+        auto_offset_reset="earliest",
+    )
 
 
 class TopicReader:
@@ -38,7 +52,6 @@ class TopicReader:
         self.partitions: list[TopicPartition] = []
         self.ends_at_open: dict[TopicPartition, int] = {}
         self._consumer: AIOKafkaConsumer | None = None
-        self._admin: AIOKafkaAdminClient | None = None
 
     @property
     def is_open(self) -> bool:
@@ -50,14 +63,7 @@ class TopicReader:
         if self.partitions:
             return True
         if self._consumer is None:
-            consumer = AIOKafkaConsumer(
-                **self.kafka.aiokafka_kwargs(),
-                **self.kafka.consumer_kwargs(),
-                group_id=None,
-                enable_auto_commit=False,
-                # records deleted by retention under our position: go on from the oldest kept
-                auto_offset_reset="earliest",
-            )
+            consumer = groupless_consumer(self.kafka)
             await consumer.start()
             self._consumer = consumer
         ids = await self._partition_ids()
@@ -70,7 +76,6 @@ class TopicReader:
         self.ends_at_open = await self._consumer.end_offsets(partitions)
         await self._consumer.seek_to_beginning(*partitions)
         self.partitions = partitions
-        await self._close_admin()
         return True
 
     async def read(self, timeout_ms: int = 1000) -> list[ConsumerRecord]:
@@ -98,7 +103,6 @@ class TopicReader:
 
     async def close(self) -> None:
         """Stop the clients; a later `open()` reads the topic from its beginning again."""
-        await self._close_admin()
         if self._consumer is not None:
             consumer, self._consumer = self._consumer, None
             self.partitions, self.ends_at_open = [], {}
@@ -119,18 +123,12 @@ class TopicReader:
         return self._consumer
 
     async def _partition_ids(self) -> list[int]:
-        if self._admin is None:
-            admin = AIOKafkaAdminClient(**self.kafka.aiokafka_kwargs())
-            await admin.start()
-            self._admin = admin
-        if self.topic not in await self._admin.list_topics():
+        async def ids(admin: AIOKafkaAdminClient) -> list[int]:
+            if self.topic not in await admin.list_topics():
+                return []
+            for described in await admin.describe_topics([self.topic]):
+                if described.get("topic") == self.topic and not described.get("error_code"):
+                    return sorted(p["partition"] for p in described.get("partitions") or [])
             return []
-        for described in await self._admin.describe_topics([self.topic]):
-            if described.get("topic") == self.topic and not described.get("error_code"):
-                return sorted(p["partition"] for p in described.get("partitions") or [])
-        return []
 
-    async def _close_admin(self) -> None:
-        if self._admin is not None:
-            admin, self._admin = self._admin, None
-            await admin.close()
+        return await on_admin(self.kafka, f"reading the partitions of {self.topic}", ids)

@@ -82,7 +82,7 @@ _PARTITIONS = {WORKER_STATS: 1}
 async def ensure_topics(kafka: KafkaSettings) -> KafkaSettings:
     """Create missing topics, replicated; returns `kafka` with the replication factor and
     min.insync.replicas resolved for this cluster (what faust's own topics take too)."""
-    return await _on_admin(kafka, "creating topics", lambda admin: _ensure(admin, kafka))
+    return await on_admin(kafka, "creating topics", lambda admin: _ensure(admin, kafka))
 
 
 async def _ensure(admin: AIOKafkaAdminClient, kafka: KafkaSettings) -> KafkaSettings:
@@ -125,7 +125,7 @@ async def _ensure(admin: AIOKafkaAdminClient, kafka: KafkaSettings) -> KafkaSett
     return kafka.model_copy(update={"replication_factor": replicas, "min_insync_replicas": insync})
 
 
-async def _on_admin(
+async def on_admin(
     kafka: KafkaSettings, what: str, work: Callable[[AIOKafkaAdminClient], Awaitable[T]]
 ) -> T:
     """`work` with an admin client. Once connected, a retriable error is retried for a while:
@@ -224,7 +224,7 @@ async def within_topic_limits(kafka: KafkaSettings) -> KafkaSettings:
     OutOfOrderSequenceNumber)."""
     names = [kafka.topic(name) for name in (PROMPTS, COMPLETIONS, DEAD_LETTERS)]
     resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
-    responses = await _on_admin(
+    responses = await on_admin(
         kafka, "reading the topics' limits", lambda admin: admin.describe_configs(resources)
     )
     lowest = kafka.max_message_bytes

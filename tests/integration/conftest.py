@@ -247,6 +247,28 @@ class Pipeline:
             env={**self.env, **(env or {})},
         )
 
+    def replay(self, dataset: str, *extra: str, name: str = "replay") -> ManagedProcess:
+        """`draftgen replay` of the completions topic into the version `dataset`."""
+        return self.stack.start_worker(
+            name,
+            [
+                "--log-level",
+                "INFO",
+                "replay",
+                "--tokenizer",
+                str(self.tokenizer_dir),
+                "--out",
+                self.out,
+                "--dataset",
+                dataset,
+                "--idle-flush",
+                "1",
+                *extra,
+                *self.common,
+            ],
+            env=self.env,
+        )
+
     def publish(self, source: Path) -> PublishSummary:
         return asyncio.run(publish(self.kafka, [parse_source_spec(str(source))], progress=False))
 

@@ -182,24 +182,7 @@ def test_a_broker_lost_mid_run_loses_nothing(
 
     # the completions topic holds every completion: a replay rebuilds the same version
     assert set(pipeline.completions()) == expected
-    replay = pipeline.stack.start_worker(
-        "replay",
-        [
-            "--log-level",
-            "INFO",
-            "replay",
-            "--tokenizer",
-            str(pipeline.tokenizer_dir),
-            "--out",
-            pipeline.out,
-            "--dataset",
-            "replayed",
-            "--idle-flush",
-            "1",
-            *pipeline.common,
-        ],
-        env=pipeline.env,
-    )
+    replay = pipeline.replay("replayed")
     pipeline.wait(expected, [replay], timeout=120, dataset="replayed")
     resealed = asyncio.run(seal(kafka, pipeline.store("replayed"), timeout_s=120))
     assert resealed.dropped == sealed.dropped

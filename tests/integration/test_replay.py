@@ -59,25 +59,7 @@ def test_replay_with_a_fixed_template(pipeline, write_prompts, tmp_path) -> None
     )
     assert refused.returncode == 2 and "already exists" in refused.stderr
 
-    replay = pipeline.stack.start_worker(
-        "replay",
-        [
-            "--log-level",
-            "INFO",
-            "replay",
-            "--tokenizer",
-            str(pipeline.tokenizer_dir),
-            "--out",
-            pipeline.out,
-            "--dataset",
-            "v2",
-            "--idle-flush",
-            "1",
-            *rendered,
-            *pipeline.common,
-        ],
-        env=pipeline.env,
-    )
+    replay = pipeline.replay("v2", *rendered)
     pipeline.wait(expected, [generate, v1, replay], dataset="v2", timeout=90)
     pipeline.assert_exactly_once(expected, dataset="v2")
     assert (requests_served(url), topic_size(pipeline.kafka)) == (served, stored)

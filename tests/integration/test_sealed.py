@@ -24,24 +24,7 @@ def test_a_sealed_version_stays_sealed(pipeline, write_prompts) -> None:
     expected = set(pipeline.publish(write_prompts(20)).prompt_ids)
     pipeline.wait(expected, [generate, pipeline.tokenize()])
 
-    replay = pipeline.stack.start_worker(
-        "replay",
-        [
-            "--log-level",
-            "INFO",
-            "replay",
-            "--tokenizer",
-            str(pipeline.tokenizer_dir),
-            "--out",
-            pipeline.out,
-            "--dataset",
-            "v2",
-            "--idle-flush",
-            "1",
-            *pipeline.common,
-        ],
-        env=pipeline.env,
-    )
+    replay = pipeline.replay("v2")
     env = {**os.environ, **pipeline.env}
     # at once: the replay has not written its dataset.json yet (it loads its tokenizer first)
     assert pipeline.store("v2").manifest() is None

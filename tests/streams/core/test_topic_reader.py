@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from aiokafka import TopicPartition
 
-from streams.core import topic_reader
+from streams.core import topic_reader, topics
 from streams.core.ledger import LedgerFollower, ledger_key
 from streams.core.records import DeadLetter
 from streams.core.retry import Backoff
@@ -132,7 +132,8 @@ class FakeConsumer:
 def broker(monkeypatch: pytest.MonkeyPatch) -> FakeBroker:
     fake = FakeBroker()
     monkeypatch.setattr(topic_reader, "AIOKafkaConsumer", lambda **_: FakeConsumer(fake))
-    monkeypatch.setattr(topic_reader, "AIOKafkaAdminClient", lambda **_: FakeAdmin(fake))
+    # the reader's admin calls go through topics.on_admin
+    monkeypatch.setattr(topics, "AIOKafkaAdminClient", lambda **_: FakeAdmin(fake))
     return fake
 
 
