@@ -83,6 +83,8 @@ class Generator:
         self._close_cost = self._count(self._close_text)
         self._split_cache: dict[int, list[int] | None] = {}
         self._script = load_script(settings.script) if settings.script else []
+        # a scripted text's ids, encoded once: a real server decodes, it never re-encodes
+        self._script_ids: dict[str, list[int]] = {}
 
     def _count(self, text: str) -> int:
         return len(self.model.encode(text))
@@ -97,7 +99,9 @@ class Generator:
             mode = ThinkMode.OFF  # a generic model has no thinking format
         scripted = self._scripted(prompt)
         if scripted is not None:
-            ids = self.model.encode(scripted)
+            ids = self._script_ids.get(scripted)
+            if ids is None:
+                ids = self._script_ids[scripted] = self.model.encode(scripted)
             return self._finish(ids, request, mode, False, False)
         drift = prompt_unit(s.seed, prompt, "drift") < s.drift_rate
         tool_call = bool(request.tools) and prompt_unit(s.seed, prompt, "tool") < s.tool_call_rate

@@ -11,6 +11,10 @@ from transformers import AutoTokenizer
 from streams.core.families import FamilyProfile, detect_family
 from streams.core.serving import ContentFormat, detect_content_format
 
+# Outputs whose text is kept: a scripted pool repeats them (decoding is most of a scripted
+# request's cost otherwise); generated outputs are all different and just pass through.
+DECODED_KEPT = 1024
+
 
 class TemplateError(ValueError):
     """The chat template refused the conversation (a bad request, not a server fault)."""
@@ -28,6 +32,7 @@ class EmulatedModel:
 
     def __init__(self, tokenizer_dir: Path, family: str | None = None) -> None:
         self.tokenizer_dir = tokenizer_dir
+        self._decoded: dict[tuple[tuple[int, ...], bool], str] = {}
         self.tokenizer: Any = AutoTokenizer.from_pretrained(
             str(tokenizer_dir), trust_remote_code=True
         )
@@ -62,7 +67,14 @@ class EmulatedModel:
         return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return str(self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
+        key = (tuple(ids), skip_special_tokens)
+        text = self._decoded.get(key)
+        if text is None:
+            text = str(self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
+            if len(self._decoded) >= DECODED_KEPT:
+                self._decoded.pop(next(iter(self._decoded)))  # the oldest
+            self._decoded[key] = text
+        return text
 
     def token_text(self, token_id: int) -> str:
         return self.decode([token_id], skip_special_tokens=False)

@@ -2,15 +2,18 @@
 2, 4, each tokenize worker capped at its own CPU budget, measured side by side in one run.
 
     flock /tmp/draftgen-heavy.lock .venv/bin/python tests/benchmarks/bench_run_scaling.py \\
-        [--workers 1,2,4] [--cpu-quota 0.02] [--prompts 600] [--servers 3] [--json F]
+        [--workers 1,2,4] [--cpu-quota 0.05] [--prompts 1600] [--servers 3] [--json F]
 
-One Kafka broker and the emulated servers (instant decoding, log-normal outputs of
-~--mean-output-tokens, real Qwen3.6 vocabulary) are started here and shared by the runs; each
+One Kafka broker and the emulated servers (instant decoding; a pool of --pool outputs of
+log-normal lengths around --mean-output-tokens written by the emulator's generator, real Qwen3.6
+vocabulary, see `_output_pool`) are started here and shared by the runs; each
 run is `draftgen run --bootstrap … --server URL… --tokenize-workers N` on topics and a dataset
 of its own, writing shards to a local directory. Every tokenize worker `run` spawns goes into a
 cgroup v1 `cpu` group of its own as soon as it appears (tests/benchmarks/cgroups.py), uncapped
 until all of them have built their encoder, then capped; `run`, its generate workers, the
-servers and the broker stay uncapped, so generation outruns the capped tokenize stage.
+servers and the broker stay uncapped, so generation outruns the capped tokenize stage. The
+benchmark and all it starts run in a cgroup of high CPU weight (the capped groups get the same),
+so other work on the machine slows neither generation nor the capped workers' budgets.
 
 Figures per run: "drained", every token over the time from the cap to the last commit marker
 (what the capped stage did, whatever its window sizes); "steady", the tokens committed between
@@ -41,15 +44,43 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from compose.emulator.generation import GenerationRequest, Generator
+from compose.emulator.model import EmulatedModel
+from compose.emulator.settings import EmulatorSettings
 from compose.stack import LocalStack, draftgen_argv
 from compose.tiny_tokenizers import build_qwen36_tokenizer
 from sinks.shards import ShardStore
 from streams.core.settings import COMPLETIONS, KafkaSettings
 from streams.core.topic_reader import TopicReader
 from streams.tokenize.encoder import TWIN_READY
-from tests.benchmarks.cgroups import CpuCaps, CpuGroup, Throttling, available, cpu_caps
+from tests.benchmarks.cgroups import (
+    CpuCaps,
+    CpuGroup,
+    Throttling,
+    available,
+    cpu_caps,
+    priority,
+)
 
 STEADY = (0.10, 0.90)  # the share of the version's tokens between which the rate is taken
+
+
+@dataclass(frozen=True)
+class Window:
+    """Windows cut by a row count, the same for every worker count: left to the memory budget,
+    one worker holding all partitions' rows cuts many small windows and N workers few large
+    ones, and at a small CPU cap the per-window cost (shard write, marker, commit) would be
+    what is compared."""
+
+    rows: int
+    max_open_bytes: int
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "DRAFTGEN_SHARD_MAX_RECORDS": str(self.rows),
+            "DRAFTGEN_MAX_OPEN_BYTES": str(self.max_open_bytes),
+        }
 
 
 @dataclass
@@ -77,9 +108,10 @@ class RunResult:
 
     @property
     def drain_tokens_per_s(self) -> float:
-        """Every token over the time from the cap to the last marker: what the capped stage
-        did, windows of any size included (a window's marker comes only when it is written)."""
-        span = self.last_marker_s - self.capped_s
+        """Every token over the time from the cap (or the first completion, if later) to the
+        last marker: what the capped stage did, windows of any size included (a window's
+        marker comes only when it is written)."""
+        span = self.last_marker_s - max(self.capped_s, self.first_completion_s)
         return self.tokens / span if span > 0 else 0.0
 
     @property
@@ -87,11 +119,47 @@ class RunResult:
         return self.steady_tokens / self.steady_s if self.steady_s > 0 else 0.0
 
 
-def _prompts(path: Path, count: int) -> Path:
+def _prompt_text(index: int, pool: int) -> str:
+    return f"[{index}] explain write-ahead logs ({uuid.uuid4().hex[:8]}) «pool-{index % pool:04d}»"
+
+
+def _prompts(path: Path, count: int, pool: int) -> Path:
     with path.open("wb") as handle:
         for index in range(count):
-            text = f"[{index}] explain write-ahead logs ({uuid.uuid4().hex[:8]})"
+            text = _prompt_text(index, pool)
             handle.write(orjson.dumps({"messages": [{"role": "user", "content": text}]}) + b"\n")
+    return path
+
+
+def _output_pool(path: Path, tokenizer: Path, pool: int, mean_output_tokens: int) -> Path:
+    """A script of `pool` outputs, one per `«pool-NNNN»` tag, made once by the emulator's own
+    generator (thinking, `</think>`, answer; log-normal lengths) for that tag's prompt.
+
+    The emulator's generator writes its text sentence by sentence, asking the tokenizer for
+    each sentence's length: ~50K tokens/s per core, so three emulators on these 2 cores could
+    not outrun even a 0.1-core tokenize worker. A scripted output is one encode of a whole text
+    (what the emulator then "samples"), so generation costs the HTTP and Kafka path only. Each
+    text is reused by every `pool`-th prompt under its own prompt id; the tokenize stage keeps
+    no cache across samples that this could flatter (its encoder's word cache is already warm
+    after a few samples of this filler text either way)."""
+    settings = EmulatorSettings(
+        tokenizer_dir=tokenizer,
+        tokens_per_s=0,
+        mean_output_tokens=mean_output_tokens,
+        max_output_tokens=8 * mean_output_tokens,
+    )
+    model = EmulatedModel(tokenizer, settings.family)
+    generator = Generator(model, settings)
+    eot = model.special.eot
+    with path.open("wb") as handle:
+        for index in range(pool):
+            messages = [{"role": "user", "content": _prompt_text(index, pool)}]
+            prompt = model.render(messages)
+            job = GenerationRequest(prompt, len(model.encode(prompt)), None, thinking=True)
+            ids = generator.generate(job).output_ids
+            text = model.decode([i for i in ids if i != eot], skip_special_tokens=False)
+            entry = {"match": f"«pool-{index:04d}»", "output": text}
+            handle.write(orjson.dumps(entry) + b"\n")
     return path
 
 
@@ -207,6 +275,7 @@ def run_one(
     caps: CpuCaps | None,
     quota: float,
     timeout_s: float,
+    window: Window,
 ) -> RunResult:
     prefix = f"rs{workers}-{uuid.uuid4().hex[:6]}-"
     out, dataset = workdir / "out", f"scale-{workers}"
@@ -227,7 +296,7 @@ def run_one(
     )  # fmt: skip
     started = time.time()
     with (workdir / f"{dataset}.log").open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=window.env())
         with _capping(proc.pid, workdir / dataset / "logs", workers, caps, quota) as capped:
             code = proc.wait(timeout=timeout_s + 120)
             throttling = capped.throttling()
@@ -262,10 +331,15 @@ def run_one(
 def main(argv: list[str] | None = None) -> list[RunResult]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", default="1,2,4", help="tokenize workers per run")
-    parser.add_argument("--cpu-quota", type=float, default=0.02, help="cores per tokenize worker")
-    parser.add_argument("--prompts", type=int, default=600)
+    parser.add_argument("--cpu-quota", type=float, default=0.05, help="cores per tokenize worker")
+    parser.add_argument("--window-rows", type=int, default=200, help="rows a window is cut at")
+    parser.add_argument(
+        "--max-open-bytes", type=int, default=4 << 30, help="each worker's memory budget"
+    )
+    parser.add_argument("--prompts", type=int, default=1600)
     parser.add_argument("--servers", type=int, default=3, help="emulated servers (uncapped)")
     parser.add_argument("--mean-output-tokens", type=int, default=2000)
+    parser.add_argument("--pool", type=int, default=64, help="distinct outputs, reused")
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--workdir", type=Path)
@@ -276,14 +350,19 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
         print(f"bench: cannot cap CPU ({can_cap.why}); running uncapped: no scaling shown")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-run-scaling-"))
     tokenizer = build_qwen36_tokenizer(workdir / "qwen36", vocab="qwen")
-    source = _prompts(workdir / "prompts.jsonl", args.prompts)
+    source = _prompts(workdir / "prompts.jsonl", args.prompts, args.pool)
+    script = _output_pool(workdir / "pool.jsonl", tokenizer, args.pool, args.mean_output_tokens)
     results: list[RunResult] = []
-    with LocalStack(workdir / "stack") as stack:
+    window = Window(args.window_rows, args.max_open_bytes)
+    with (
+        priority() if can_cap else contextlib.nullcontext(),
+        LocalStack(workdir / "stack") as stack,
+    ):
         bootstrap = stack.start_kafka()
         options = [
             *("--tokens-per-s", "0", "--max-running-requests", "64"),
-            *("--mean-output-tokens", str(args.mean_output_tokens)),
             *("--max-output-tokens", str(8 * args.mean_output_tokens)),
+            *("--script", str(script)),
         ]
         servers = [
             stack.start_emulator(tokenizer, *options, "--seed", str(i), name=f"emulator-{i}")
@@ -291,7 +370,9 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
         ]
         for workers in counts:
             # groups made uncapped (every core), capped once the workers are ready
-            with cpu_caps(os.cpu_count() or 1) if can_cap else contextlib.nullcontext() as caps:
+            every_core = os.cpu_count() or 1
+            capping = cpu_caps(every_core, shares=8 * 1024) if can_cap else contextlib.nullcontext()
+            with capping as caps:
                 result = run_one(
                     workdir,
                     bootstrap,
@@ -302,6 +383,7 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
                     caps,
                     args.cpu_quota,
                     args.timeout,
+                    window,
                 )
                 results.append(result)
                 print(_line(result, results[0]), flush=True)

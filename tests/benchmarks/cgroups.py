@@ -118,12 +118,19 @@ class CpuGroup:
 class CpuCaps:
     """The groups of one `cpu_caps` block (use that)."""
 
-    def __init__(self, quota_cores: float, root: Path = CPU_ROOT, period_us: int = PERIOD_US):
+    def __init__(
+        self,
+        quota_cores: float,
+        root: Path = CPU_ROOT,
+        period_us: int = PERIOD_US,
+        shares: int | None = None,
+    ):
         if quota_cores <= 0:
             raise ValueError("a CPU quota must be positive")
         self.quota_cores = quota_cores
         self.root = root
         self.period_us = period_us
+        self.shares = shares  # CPU weight of each group (None: the default, 1,024)
         self.run = uuid.uuid4().hex[:8]
         self.groups: list[CpuGroup] = []
 
@@ -137,6 +144,8 @@ class CpuCaps:
         self.groups.append(group)  # removed on exit even if what follows fails
         (path / "cpu.cfs_period_us").write_text(str(self.period_us))
         (path / "cpu.cfs_quota_us").write_text(str(round(self.quota_cores * self.period_us)))
+        if self.shares is not None:
+            (path / "cpu.shares").write_text(str(self.shares))
         (path / "cgroup.procs").write_text(str(pid))
         return group
 
@@ -173,9 +182,37 @@ class CpuCaps:
 
 
 @contextlib.contextmanager
-def cpu_caps(quota_cores: float, root: Path = CPU_ROOT) -> Iterator[CpuCaps]:
+def priority(shares: int = 8 * 1024, root: Path = CPU_ROOT) -> Iterator[Path]:
+    """This process, and every child it starts from now on, in a group of `shares` CPU weight
+    and no quota: on a machine busy with other work, what a benchmark runs uncapped (broker,
+    servers, producers) still gets the CPU first, and its capped groups (which get the same
+    weight) reach their quota. A root-group process weighs 1,024."""
+    path = root / f"{PREFIX}{uuid.uuid4().hex[:8]}-priority"
+    path.mkdir()
+    try:
+        (path / "cpu.shares").write_text(str(shares))
+        (path / "cgroup.procs").write_text(str(os.getpid()))
+        yield path
+    finally:
+        for pid in (path / "cgroup.procs").read_text().split():
+            with contextlib.suppress(ProcessLookupError):
+                (root / "cgroup.procs").write_text(pid)
+        for _ in range(50):  # a process that just exited may still be listed
+            try:
+                path.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def cpu_caps(
+    quota_cores: float, root: Path = CPU_ROOT, shares: int | None = None
+) -> Iterator[CpuCaps]:
     """Groups of `quota_cores` each for the processes given to `.cap`, removed on exit."""
-    caps = CpuCaps(quota_cores, root)
+    caps = CpuCaps(quota_cores, root, shares=shares)
     try:
         yield caps
     finally:
