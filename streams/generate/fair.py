@@ -19,6 +19,12 @@ knows against the next offset taken here; a partition that delivered nothing thi
 seen (caught up, or not fetched yet) stops being waited for after `grace_s` without a record,
 until its highwater grows. Offsets, acks and the order within a partition are untouched
 (streams/generate/inflight.py), and so is stealing (streams/generate/steal.py).
+
+Why faust's buffer hooks, the one place this package relies on them: faust has no public way to
+hold a partition without dropping records already handed out, and these two methods are what
+faust's own conductor calls for exactly that (its stream buffers). They are public methods of
+faust's Consumer but not documented; tests/streams/generate/test_fair_faust.py fails if the
+installed faust renames them, changes their signature, or stops using them so.
 """
 
 from __future__ import annotations
@@ -97,10 +103,9 @@ class FairTurns:
             self._closer = tp
 
     def _waits(self, consumer: Partitions, tp: Hashable) -> bool:
-        try:
-            highwater = consumer.highwater(tp)
-        except AssertionError:  # aiokafka's: revoked meanwhile, the next event tells
-            return False
+        # `tp` is in the assignment read just before, in this same step (no await between):
+        # aiokafka answers `highwater` only for an assigned partition
+        highwater = consumer.highwater(tp)
         if tp in self._next:
             return highwater is not None and highwater > self._next[tp]
         if tp in self._idle:
@@ -122,12 +127,12 @@ class FairTurns:
         if self.clock() - self._waiting_since < self.grace_s:
             return
         consumer = self._consumer()
+        # aiokafka answers `highwater` only for an assigned partition: one revoked since the
+        # last event is skipped (the next event tells of the new assignment)
+        assigned = set(consumer.assignment())
         for tp in self._assigned - self.held:
-            if tp not in self._next:
-                try:
-                    self._idle[tp] = consumer.highwater(tp) or 0
-                except AssertionError:  # revoked since the last event: the next one tells
-                    continue
+            if tp not in self._next and tp in assigned:
+                self._idle[tp] = consumer.highwater(tp) or 0
         self._next_round(consumer)
 
     async def run(self) -> None:

@@ -72,10 +72,10 @@ def test_a_worker_that_stops_reporting_and_its_restart_are_said() -> None:
 
 
 def test_a_server_unreachable_since_start_is_paused_in_heartbeats_and_status() -> None:
-    figures = generate_figures(GenerateStats(), 0, unreachable=True)
+    figures = generate_figures(GenerateStats(), unreachable=True)
     assert figures.gauges["paused"] == 1.0
     stats = GenerateStats(exact_ids="exact via token_ids (vllm)")
-    assert generate_figures(stats, 0).notes == {"exact_ids": "exact via token_ids (vllm)"}
+    assert generate_figures(stats).notes == {"exact_ids": "exact via token_ids (vllm)"}
     [row] = server_rows([beat(1, paused=True, ids="exact via token_ids (vllm)")], NOW)
     assert (row.paused, row.paused_for, row.exact_ids) == (
         True,
