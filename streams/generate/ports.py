@@ -60,6 +60,17 @@ class Ledger(Protocol):
     def add_dead(self, prompt_id: str, settings: str) -> None: ...
 
 
+class Gate(Protocol):
+    """Whether requests may go to the server now (streams/generate/gate.py's ServerGate)."""
+
+    async def wait_open(self) -> None: ...
+    async def pause(self, reason: str) -> None:
+        """Close the gate for `reason` until the server is healthy again (probed by one task)."""
+        ...
+
+    async def unavailable(self) -> str | None: ...
+
+
 class PoisonCheck(Protocol):
     """streams/core/crash_guard.py's CrashGuard."""
 

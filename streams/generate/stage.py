@@ -21,9 +21,8 @@ from streams.core.retry import Backoff
 from streams.core.settings import GenerateSettings
 from streams.generate import regen
 from streams.generate.client import AUTH, GenerationError
-from streams.generate.gate import ServerGate
 from streams.generate.outputs import Completion, Letter, Outbox, Output
-from streams.generate.ports import ServerClient
+from streams.generate.ports import Gate, ServerClient
 from streams.generate.stats import GenerateStats
 
 log = logging.getLogger(__name__)
@@ -42,7 +41,7 @@ class GenerateStage:
         self,
         settings: GenerateSettings,
         client: ServerClient,
-        gate: ServerGate,
+        gate: Gate,
         outbox: Outbox,
         stats: GenerateStats,
         backoff: Backoff,

@@ -98,7 +98,7 @@ class GenerateWorker:
     ):
         self.settings = settings
         self.client = client
-        self.stats = stats or GenerateStats()
+        self.stats = stats if stats is not None else GenerateStats()
         # every wait-out loop of the worker: discovery, transient request errors, Kafka writes
         self.backoff = Backoff(settings.backoff_initial_s, settings.backoff_max_s)
         # probes of a down server: backing off, but never more than `health_interval_s` apart,

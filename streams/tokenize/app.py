@@ -18,7 +18,7 @@ from streams.core.faust_app import consume, create_app, kafka_sender, raw_topic
 from streams.core.outage import Outage
 from streams.core.settings import COMPLETIONS, DEAD_LETTERS, ObserveSettings, TokenizeSettings
 from streams.core.tokenizers import LoadedTokenizer
-from streams.ops.figures import Figures, declared, read_figures
+from streams.ops.figures import declared, read_figures
 from streams.ops.metrics import TokenizeMetrics
 from streams.ops.observe import install
 from streams.tokenize.policies import PolicySampleBuilder
@@ -27,14 +27,10 @@ from streams.tokenize.stage import TokenizeStats, TokenizeWorker
 log = logging.getLogger(__name__)
 
 
-def tokenize_figures(stats: TokenizeStats) -> Figures:
-    return read_figures(stats)
-
-
 def observe_tokenize(
     app: faust.App, worker: TokenizeWorker, metrics: TokenizeMetrics, settings: ObserveSettings
 ) -> str | None:
-    metrics.attach(lambda: tokenize_figures(worker.stats))
+    metrics.attach(lambda: read_figures(worker.stats))
     return install(app, worker.settings.kafka, metrics, settings, Outage("broker", log))
 
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from streams.generate.app import generate_figures
-from streams.generate.worker import GenerateStats
+from streams.generate.stats import GenerateStats, generate_figures
 from streams.ops.console import ConsoleWatch
 from streams.ops.heartbeat import Heartbeat
 from streams.ops.status_view import server_rows

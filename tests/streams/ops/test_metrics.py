@@ -8,11 +8,9 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sinks.sink import SinkStats
-from streams.generate.app import generate_figures
-from streams.generate.worker import GenerateStats
-from streams.ops.figures import declared
+from streams.generate.stats import GenerateStats, generate_figures
+from streams.ops.figures import declared, read_figures
 from streams.ops.metrics import GenerateMetrics, TokenizeMetrics, serve_metrics
-from streams.tokenize.app import tokenize_figures
 from streams.tokenize.stage import TokenizeStats
 
 
@@ -66,7 +64,7 @@ def test_tokenize_metrics_are_per_dataset() -> None:
     stats.rejected["bad_tool_call"] = 3
     sink = stats.sink = SinkStats(replaced=1, open_bytes=1234, peak_open_bytes=5678)
     metrics = TokenizeMetrics("k26-v1", declared(TokenizeStats))
-    metrics.attach(lambda: tokenize_figures(stats))
+    metrics.attach(lambda: read_figures(stats))
     found = samples(generate_latest(metrics.registry).decode())
     ds = (("dataset", "k26-v1"),)
     for name, value in (
