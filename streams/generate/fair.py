@@ -76,8 +76,8 @@ class FairTurns:
 
         return handle_in_turn
 
-    def took(self, tp: Hashable, offset: int) -> None:
-        """A prompt of `tp` was taken: its turn this round; the round ends when no partition
+    def took(self, message_tp: Any, offset: int) -> None:
+        """A prompt of `message_tp` was taken: its turn this round; the round ends when no partition
         not held has prompts waiting."""
         consumer = self._consumer()
         assigned = frozenset(consumer.assignment())
@@ -89,7 +89,8 @@ class FairTurns:
             self.held &= assigned
         # the consumer's own partition object: a message's is aiokafka's, which faust's active
         # set must not hold (it asserts faust's TP)
-        tp = self._by_name.get((tp.topic, tp.partition), tp)  # type: ignore[attr-defined]
+        name = (message_tp.topic, message_tp.partition)
+        tp: Hashable = self._by_name.get(name, message_tp)
         self._next[tp] = offset + 1
         if tp == self._closer:
             return  # the rest of the batch whose first prompt ended the last round: that turn
