@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import urllib.request
+from dataclasses import dataclass
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sinks.sink import SinkStats
 from streams.generate.stats import GenerateStats, generate_figures
-from streams.ops.figures import declared, read_figures
+from streams.ops.figures import declared, figure, read_figures
 from streams.ops.metrics import GenerateMetrics, TokenizeMetrics, serve_metrics
 from streams.tokenize.stage import TokenizeStats
 
@@ -101,3 +102,20 @@ def test_metrics_endpoint_on_a_free_loopback_port() -> None:
         body = response.read().decode()
     assert 'draftgen_tokenize_samples_total{dataset="ds"} 0.0' in body
     assert "process_cpu_seconds_total" in body
+
+
+def test_a_figure_declared_once_on_its_stats_field_reaches_heartbeats_and_prometheus() -> None:
+    @dataclass
+    class ToyStats:
+        widgets: int = figure("draftgen_toy_widgets", "widgets made")
+        busy: bool = figure("draftgen_toy_busy", "1 while busy", "gauge", default=False)
+        untracked: int = 0
+
+    stats = ToyStats(widgets=4, busy=True, untracked=9)
+    reading = read_figures(stats)
+    assert (reading.counters, reading.gauges) == ({"widgets": 4}, {"busy": 1.0})
+    metrics = TokenizeMetrics("toy", declared(ToyStats))
+    metrics.attach(lambda: read_figures(stats))
+    found = samples(generate_latest(metrics.registry).decode())
+    assert found[("draftgen_toy_widgets_total", (("dataset", "toy"),))] == 4
+    assert found[("draftgen_toy_busy", (("dataset", "toy"),))] == 1
