@@ -85,9 +85,10 @@ def generated_prompt_ids(keys: Iterable[str]) -> set[str]:
 
 class LedgerFollower:
     """Reads the ledger from its start and keeps following it; `caught_up` is set once the end
-    offsets seen at start are reached. `settings` restricts the kept keys to one hash (a worker
-    only asks about its own settings), which bounds memory to one id per generated prompt.
-    A broker outage while following is waited out with `backoff`; the keys read are kept."""
+    offsets seen at start are reached. `settings` (or `restrict`, once a worker knows its model)
+    restricts the kept keys to those hashes (a worker only asks about its own settings), which
+    bounds memory to one id per generated prompt. A broker outage while following is waited
+    out with `backoff`; the keys read are kept."""
 
     def __init__(
         self,
@@ -97,13 +98,21 @@ class LedgerFollower:
         backoff: Backoff | None = None,
     ):
         self.kafka = kafka
-        self.settings = settings
+        self.settings: frozenset[str] | None = None if settings is None else frozenset([settings])
         self.poll_ms = poll_ms
         self.backoff = backoff or Backoff(initial_s=1.0, max_s=30.0)
         self.keys: set[str] = set()
         self.caught_up = asyncio.Event()
         self._reader = TopicReader(kafka, kafka.topic(GENERATED))
         self._task: asyncio.Task[None] | None = None
+
+    def restrict(self, settings: Iterable[str]) -> None:
+        """Keep only keys of these settings hashes, from now on and of those read so far."""
+        self.settings = frozenset(settings)
+        self.keys = {key for key in self.keys if self._kept(key)}
+
+    def _kept(self, key: str) -> bool:
+        return self.settings is None or split_key(key.removesuffix(DEAD))[1] in self.settings
 
     def contains(self, prompt_id: str, settings: str) -> bool:
         return ledger_key(prompt_id, settings) in self.keys
@@ -149,5 +158,5 @@ class LedgerFollower:
         if not key:
             return
         text = key.decode("utf-8", "replace")
-        if self.settings is None or split_key(text.removesuffix(DEAD))[1] == self.settings:
+        if self._kept(text):
             self.keys.add(text)

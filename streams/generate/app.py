@@ -1,15 +1,16 @@
-"""`draftgen worker generate`: the Faust app around GenerateWorker, bound to one SGLang server."""
+"""`draftgen worker generate`: the Faust app around GenerateWorker, bound to one SGLang server.
+Wiring only: the parts are streams/generate/{worker,stage,once,intake,gate,steal,fair}.py."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import faust
 
 from streams.core.crash_guard import CrashGuard
 from streams.core.faust_app import consume, create_app, kafka_sender, raw_topic
-from streams.core.records import CompletionRecord, PromptRecord
+from streams.core.ledger import LedgerFollower
+from streams.core.retry import Backoff
 from streams.core.settings import (
     COMPLETIONS,
     DEAD_LETTERS,
@@ -22,60 +23,21 @@ from streams.core.settings import (
     OnceSettings,
     generate_prefetch,
 )
-from streams.generate.client import AUTH, SGLangClient
+from streams.generate.backlogs import KafkaBacklogs
 from streams.generate.fair import FairTurns
-from streams.generate.once import OnceGenerateWorker
+from streams.generate.stats import GenerateStats, generate_figures
 from streams.generate.steal import Stealer
-from streams.generate.worker import GenerateStats, GenerateWorker
-from streams.ops.metrics import Figures, GenerateMetrics
+from streams.generate.timed import TimedClient
+from streams.generate.worker import GenerateWorker
+from streams.ops.figures import declared
+from streams.ops.metrics import GenerateMetrics
 from streams.ops.observe import install
-
-
-def generate_figures(stats: GenerateStats, requests: int, unreachable: bool = False) -> Figures:
-    """`unreachable`: the server has not answered since the worker started (it waits)."""
-    paused = stats.paused or unreachable
-    return Figures(
-        counters={
-            "requests": requests,
-            "completed": stats.completed,
-            "dead_letters": stats.dead_letters,
-            "retries": stats.retries,
-            "output_tokens": stats.output_tokens,
-            "errors": sum(stats.errors.values()),
-            "skipped": stats.skipped,
-            "stolen": stats.stolen,
-        },
-        gauges={
-            "in_flight": stats.in_flight,
-            "paused": 1.0 if paused else 0.0,
-            "paused_auth": 1.0 if stats.paused_for == AUTH else 0.0,
-        },
-        errors=dict(stats.errors),
-        notes={"exact_ids": stats.exact_ids} if stats.exact_ids else {},
-    )
-
-
-class TimedClient(SGLangClient):
-    """Counts requests and times the successful ones; failures are counted by the worker."""
-
-    def __init__(self, settings: GenerateSettings, metrics: GenerateMetrics):
-        super().__init__(settings)
-        self.metrics = metrics
-
-    async def complete(self, prompt: PromptRecord) -> CompletionRecord:
-        self.metrics.requests += 1
-        started = time.monotonic()
-        completion = await super().complete(prompt)
-        self.metrics.observe(time.monotonic() - started)
-        return completion
 
 
 def observe_generate(
     app: faust.App, worker: GenerateWorker, metrics: GenerateMetrics, settings: ObserveSettings
 ) -> str | None:
-    metrics.attach(
-        lambda: generate_figures(worker.stats, metrics.requests, unreachable=worker.server.down)
-    )
+    metrics.attach(lambda: generate_figures(worker.stats, unreachable=worker.server.down))
     return install(app, worker.settings.kafka, metrics, settings, worker.broker)
 
 
@@ -97,22 +59,25 @@ def build_generate_app(
         prefetch=generate_prefetch(worker_concurrency),
         instance_id=settings.instance_id,
     )
-    metrics = GenerateMetrics(settings.server)
+    stats = GenerateStats()
+    backoff = Backoff(settings.backoff_initial_s, settings.backoff_max_s)
+    metrics = GenerateMetrics(settings.server, declared(GenerateStats))
     observe = observe or ObserveSettings()
     # each prompt once per generation settings (ledger), optionally stealing at the end
     once = once or OnceSettings()
     identity = settings.instance_id or settings.server
     guard = CrashGuard(observe.state_dir, f"{kafka.group(GENERATE_GROUP)}-{identity}")
-    worker = OnceGenerateWorker(
+    worker = GenerateWorker(
         settings,
-        TimedClient(settings, metrics),
+        TimedClient(settings, stats, metrics.observe),
         kafka_sender(app),
         completions_topic=kafka.topic(COMPLETIONS),
         dead_letters_topic=kafka.topic(DEAD_LETTERS),
+        ledger=LedgerFollower(kafka, backoff=backoff) if once.ledger else None,
         ledger_topic=kafka.topic(GENERATED),
-        once=once,
+        guard=guard,
+        stats=stats,
     )
-    worker.guard = guard
     observe_generate(app, worker, metrics, observe)
     # each partition in turn, not whole backlogs one after another (streams/generate/fair.py)
     turns = FairTurns(lambda: app.consumer)
@@ -120,7 +85,7 @@ def build_generate_app(
     @app.agent(raw_topic(app, kafka.topic(PROMPTS)), name="generate")
     async def generate(stream: Any) -> None:
         worker.start_soon()  # the agent starts before the group is joined: ask the server now
-        # Acks are ours (ordered, after delivery): see streams/generate/inflight.py.
+        # Acks are ours (ordered, after delivery): see streams/generate/intake.py.
         await consume(stream, guard, turns.wrap(worker.submit))
 
     @app.task
@@ -133,11 +98,11 @@ def build_generate_app(
         def owned() -> set[int]:
             return {tp.partition for tp in app.consumer.assignment() if tp.topic == prompts}
 
-        stealer = Stealer(worker, kafka, prompts, kafka.group(GENERATE_GROUP), owned)
+        backlogs = KafkaBacklogs(kafka, prompts, kafka.group(GENERATE_GROUP))
+        stealer = Stealer(worker, backlogs, once, owned)
 
         @app.task
         async def steal() -> None:
-            await worker._ready.wait()
             await stealer.run()
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # faust types are narrower than its runtime

@@ -19,6 +19,12 @@ knows against the next offset taken here; a partition that delivered nothing thi
 seen (caught up, or not fetched yet) stops being waited for after `grace_s` without a record,
 until its highwater grows. Offsets, acks and the order within a partition are untouched
 (streams/generate/inflight.py), and so is stealing (streams/generate/steal.py).
+
+Why faust's buffer hooks, the one place this package relies on them: faust has no public way to
+hold a partition without dropping records already handed out, and these two methods are what
+faust's own conductor calls for exactly that (its stream buffers). They are public methods of
+faust's Consumer but not documented; tests/streams/generate/test_fair_faust.py fails if the
+installed faust renames them, changes their signature, or stops using them so.
 """
 
 from __future__ import annotations
@@ -70,8 +76,8 @@ class FairTurns:
 
         return handle_in_turn
 
-    def took(self, tp: Hashable, offset: int) -> None:
-        """A prompt of `tp` was taken: its turn this round; the round ends when no partition
+    def took(self, message_tp: Any, offset: int) -> None:
+        """A prompt of `message_tp` was taken: its turn this round; the round ends when no partition
         not held has prompts waiting."""
         consumer = self._consumer()
         assigned = frozenset(consumer.assignment())
@@ -83,7 +89,8 @@ class FairTurns:
             self.held &= assigned
         # the consumer's own partition object: a message's is aiokafka's, which faust's active
         # set must not hold (it asserts faust's TP)
-        tp = self._by_name.get((tp.topic, tp.partition), tp)  # type: ignore[attr-defined]
+        name = (message_tp.topic, message_tp.partition)
+        tp: Hashable = self._by_name.get(name, message_tp)
         self._next[tp] = offset + 1
         if tp == self._closer:
             return  # the rest of the batch whose first prompt ended the last round: that turn
@@ -97,10 +104,9 @@ class FairTurns:
             self._closer = tp
 
     def _waits(self, consumer: Partitions, tp: Hashable) -> bool:
-        try:
-            highwater = consumer.highwater(tp)
-        except AssertionError:  # aiokafka's: revoked meanwhile, the next event tells
-            return False
+        # `tp` is in the assignment read just before, in this same step (no await between):
+        # aiokafka answers `highwater` only for an assigned partition
+        highwater = consumer.highwater(tp)
         if tp in self._next:
             return highwater is not None and highwater > self._next[tp]
         if tp in self._idle:
@@ -122,12 +128,12 @@ class FairTurns:
         if self.clock() - self._waiting_since < self.grace_s:
             return
         consumer = self._consumer()
+        # aiokafka answers `highwater` only for an assigned partition: one revoked since the
+        # last event is skipped (the next event tells of the new assignment)
+        assigned = set(consumer.assignment())
         for tp in self._assigned - self.held:
-            if tp not in self._next:
-                try:
-                    self._idle[tp] = consumer.highwater(tp) or 0
-                except AssertionError:  # revoked since the last event: the next one tells
-                    continue
+            if tp not in self._next and tp in assigned:
+                self._idle[tp] = consumer.highwater(tp) or 0
         self._next_round(consumer)
 
     async def run(self) -> None:

@@ -10,32 +10,39 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 E = TypeVar("E")
 
 
+@dataclass
+class _Entry(Generic[E]):
+    item: E
+    done: bool = False
+
+
 class InFlightWindow(Generic[E]):
     def __init__(self) -> None:
-        # partition -> offset -> [item, done]; offsets arrive in order within a partition
-        self._pending: dict[Hashable, OrderedDict[int, list[object]]] = {}
+        # partition -> offset -> entry; offsets arrive in order within a partition
+        self._pending: dict[Hashable, OrderedDict[int, _Entry[E]]] = {}
 
     def add(self, partition: Hashable, offset: int, item: E) -> None:
-        self._pending.setdefault(partition, OrderedDict())[offset] = [item, False]
+        self._pending.setdefault(partition, OrderedDict())[offset] = _Entry(item)
 
     def finish(self, partition: Hashable, offset: int) -> list[E]:
         """Mark one offset done; return the items now releasable, lowest offset first."""
         pending = self._pending.get(partition)
         if pending is None or offset not in pending:
             return []  # the partition was revoked meanwhile: its new owner redoes the work
-        pending[offset][1] = True
+        pending[offset].done = True
         released: list[E] = []
         while pending:
-            item, done = next(iter(pending.values()))
-            if not done:
+            entry = next(iter(pending.values()))
+            if not entry.done:
                 break
             pending.popitem(last=False)
-            released.append(item)  # type: ignore[arg-type]
+            released.append(entry.item)
         return released
 
     def holds(self, partition: Hashable, offset: int) -> bool:

@@ -20,67 +20,82 @@ the duplicate costs GPU time, never correctness; taking from the end keeps it ra
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 from collections.abc import Callable
-
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from typing import Protocol
 
 from streams.core.retry import Backoff, short_error
-from streams.core.settings import KafkaSettings, generate_window
-from streams.generate.once import OnceGenerateWorker
+from streams.core.settings import OnceSettings, generate_window
+from streams.generate.ports import Backlogs
 
 log = logging.getLogger(__name__)
+
+
+class Thief(Protocol):
+    """What a stealer asks of its worker (streams/generate/worker.py)."""
+
+    @property
+    def concurrency(self) -> int: ...
+    @property
+    def last_busy(self) -> float:
+        """When a prompt of its own last came or went to a slot."""
+        ...
+
+    async def ready_to_steal(self) -> None: ...
+    async def wait_idle(self, seconds: float) -> None: ...
+    def free_slots(self) -> int: ...
+    def already_generated(self, prompt_id: str, value: bytes) -> bool: ...
+    async def start_stolen(
+        self, records: list[tuple[bytes, bytes]]
+    ) -> list[asyncio.Task[bool]]: ...
+
+
+class Sleeper(Protocol):
+    async def sleep(self, attempt: int) -> None: ...
 
 
 class Stealer:
     def __init__(
         self,
-        worker: OnceGenerateWorker,
-        kafka: KafkaSettings,
-        topic: str,
-        group: str,
+        thief: Thief,
+        backlogs: Backlogs,
+        once: OnceSettings,
         owned: Callable[[], set[int]],
-        backoff: Backoff | None = None,
+        backoff: Sleeper | None = None,
     ):
-        self.worker = worker
-        self.kafka = kafka
-        self.topic = topic
-        self.group = group
+        self.thief = thief
+        self.backlogs = backlogs
+        self.once = once
         self.owned = owned
         # between two looks at the backlogs that found nothing to take (or failed): each look
         # is an admin call; short enough that a worker idle since long still joins the end of
         # a run within a couple of seconds
-        self.backoff = backoff or Backoff(initial_s=0.5, max_s=2.0)
-        once = worker.once
+        self.backoff: Sleeper = backoff or Backoff(initial_s=0.5, max_s=2.0)
         self.idle_s = once.steal_after_s
         # offsets this worker took already, by partition (those below the committed offset
         # are forgotten)
         self._taken: dict[int, set[int]] = {}
-        self._admin: AIOKafkaAdminClient | None = None
-        self._consumer: AIOKafkaConsumer | None = None
 
     @property
     def margin(self) -> int:
         # an owner's window, by this worker's: known once it started (--concurrency auto)
-        margin = self.worker.once.steal_margin
-        return generate_window(self.worker.concurrency) if margin is None else margin
+        margin = self.once.steal_margin
+        return generate_window(self.thief.concurrency) if margin is None else margin
 
     @property
     def batch(self) -> int:
         # the worker's concurrency is known only once it started (--concurrency auto)
-        return self.worker.once.steal_batch or self.worker.concurrency
+        return self.once.steal_batch or self.thief.concurrency
 
     async def run(self) -> None:
         try:
-            await self.worker.ledger.caught_up.wait()
+            await self.thief.ready_to_steal()
             empty_handed = 0
             while True:
-                busy_at = self.worker.last_busy
-                await self.worker.wait_idle(self.idle_s)
-                if self.worker.last_busy != busy_at:
+                busy_at = self.thief.last_busy
+                await self.thief.wait_idle(self.idle_s)
+                if self.thief.last_busy != busy_at:
                     empty_handed = 0  # it had work of its own since: a fresh start
                 try:
                     took = await self.steal_once() is not None
@@ -95,93 +110,54 @@ class Stealer:
                     empty_handed += 1
                     await self.backoff.sleep(empty_handed)
         finally:
-            await self.close()
-
-    async def close(self) -> None:
-        if self._consumer:
-            with contextlib.suppress(Exception):
-                await self._consumer.stop()
-        if self._admin:
-            with contextlib.suppress(Exception):
-                await self._admin.close()
-
-    async def _clients(self) -> tuple[AIOKafkaAdminClient, AIOKafkaConsumer]:
-        if self._admin is None:
-            admin = AIOKafkaAdminClient(**self.kafka.aiokafka_kwargs())
-            await admin.start()
-            self._admin = admin
-        if self._consumer is None:
-            consumer = AIOKafkaConsumer(
-                **self.kafka.aiokafka_kwargs(),
-                **self.kafka.consumer_kwargs(),
-                group_id=None,
-                enable_auto_commit=False,
-            )
-            await consumer.start()
-            self._consumer = consumer
-        return self._admin, self._consumer
+            await self.backlogs.close()
 
     async def steal_once(self) -> int | None:
         """Take prompts from the end of someone's backlog, as many as this worker has free
         slots (at most `batch`), and start them; returns how many were started, None if there
         was nothing left to take."""
-        admin, consumer = await self._clients()
-        committed = await admin.list_consumer_group_offsets(self.group)
+        committed = await self.backlogs.committed()
         mine = self.owned()
-        tps = [tp for tp in committed if tp.topic == self.topic and tp.partition not in mine]
-        if not mine or not tps:
+        others = [p for p in committed if p not in mine]
+        if not mine or not others:
             # no partition of its own: joining, or in a rebalance, when what is someone
             # else's is not known yet (a lone worker restarting would take its own backlog)
             return None
-        ends = await consumer.end_offsets(tps)
-        sizes: dict[TopicPartition, int] = {}
-        for tp in tps:
-            taken = self._taken.setdefault(tp.partition, set())
-            taken.difference_update([o for o in taken if o < committed[tp].offset])
-            low = committed[tp].offset + self.margin
-            size = ends[tp] - low - sum(1 for o in taken if low <= o < ends[tp])
+        ends = await self.backlogs.ends(others)
+        sizes: dict[int, int] = {}
+        for partition in others:
+            taken = self._taken.setdefault(partition, set())
+            taken.difference_update([o for o in taken if o < committed[partition]])
+            low = committed[partition] + self.margin
+            end = ends[partition]
+            size = end - low - sum(1 for o in taken if low <= o < end)
             if size > 0:
-                sizes[tp] = size
+                sizes[partition] = size
         if not sizes:
             return None
         # a larger backlog ends later: more likely picked (thieves picking at once mostly differ)
-        tp = random.choices(list(sizes), weights=list(sizes.values()))[0]
-        taken = self._taken[tp.partition]
-        wanted = max(1, min(self.batch, self.worker.free_slots()))
-        low = committed[tp].offset + self.margin
+        partition = random.choices(list(sizes), weights=list(sizes.values()))[0]
+        taken = self._taken[partition]
+        wanted = max(1, min(self.batch, self.thief.free_slots()))
+        low = committed[partition] + self.margin
         # from the end: the prompts its owner reaches last, so the least likely to be redone
         offsets = []
-        for offset in range(ends[tp] - 1, low - 1, -1):
+        for offset in range(ends[partition] - 1, low - 1, -1):
             if offset not in taken:
                 offsets.append(offset)
                 if len(offsets) == wanted:
                     break
         taken.update(offsets)
-        records = await self._read(consumer, tp, set(offsets))
-        fresh = [(k, v) for k, v in records if not self.worker.already_generated(k.decode(), v)]
+        records = await self.backlogs.read(partition, set(offsets))
+        fresh = [(k, v) for k, v in records if not self.thief.already_generated(k.decode(), v)]
         if not fresh:
             return 0
-        await self.worker.start_stolen(fresh)
+        await self.thief.start_stolen(fresh)
         log.info(
             "stole %d prompts from partition %d at offsets %d-%d",
             len(fresh),
-            tp.partition,
+            partition,
             min(offsets),
             max(offsets),
         )
         return len(fresh)
-
-    async def _read(
-        self, consumer: AIOKafkaConsumer, tp: TopicPartition, offsets: set[int]
-    ) -> list[tuple[bytes, bytes]]:
-        """The records at `offsets` of `tp` (a record compacted or deleted away is skipped)."""
-        start, end = min(offsets), max(offsets) + 1
-        consumer.assign([tp])
-        consumer.seek(tp, start)
-        found: list[tuple[bytes, bytes]] = []
-        while await consumer.position(tp) < end:
-            batch = await consumer.getmany(tp, timeout_ms=1000, max_records=end - start)
-            for record in batch.get(tp, []):
-                if record.offset in offsets and record.key and record.value:
-                    found.append((record.key, record.value))
-        return found

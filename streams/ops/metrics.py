@@ -1,18 +1,17 @@
 """Prometheus metrics of a worker, read from its stats object at scrape time.
 
-The workers already count everything in plain ints (GenerateStats, TokenizeStats); the
-collector turns those into metric families only when scraped, so the hot path pays nothing
-extra. The two figures the stats do not hold, requests sent and their latency, are counted by
-`TimedClient` around each request: one increment and one histogram observation per request.
-The same figures feed the heartbeats `draftgen status` reads (streams/heartbeat.py).
+The workers already count everything in plain ints (GenerateStats, TokenizeStats), each figure
+declared once on its stats field (streams/ops/figures.py); the collector turns those into
+metric families only when scraped, so the hot path pays nothing extra. Request latency, which
+the stats do not hold, is observed by the generate stage's timed client: one histogram
+observation per request. The same figures feed the heartbeats `draftgen status` reads
+(streams/ops/heartbeat.py).
 """
 
 from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Literal
 
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -20,61 +19,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from streams.core.errors import CliError
-
-Kind = Literal["counter", "gauge"]
-
-
-@dataclass(frozen=True)
-class Figure:
-    key: str  # name in heartbeats and `status --json`
-    metric: str  # Prometheus name (counters get `_total` on exposition)
-    doc: str
-    kind: Kind = "counter"
-
-
-@dataclass
-class Figures:
-    """One reading of a worker: cumulative counters, current gauges, errors by kind."""
-
-    counters: dict[str, int] = field(default_factory=dict)
-    gauges: dict[str, float] = field(default_factory=dict)
-    errors: dict[str, int] = field(default_factory=dict)
-    # facts worth a line, not a number (a server's way of returning exact ids); heartbeats only
-    notes: dict[str, str] = field(default_factory=dict)
-
-
-GENERATE_FIGURES = (
-    Figure("in_flight", "draftgen_generate_in_flight", "requests in flight", "gauge"),
-    Figure("paused", "draftgen_generate_paused", "1 while the worker is paused", "gauge"),
-    Figure(
-        "paused_auth",
-        "draftgen_generate_paused_auth",
-        "1 while paused because the server refuses the API key",
-        "gauge",
-    ),
-    Figure("requests", "draftgen_generate_requests", "requests sent, retries included"),
-    Figure("completed", "draftgen_generate_completed", "completions produced"),
-    Figure("dead_letters", "draftgen_generate_dead_letters", "prompts dead-lettered"),
-    Figure("retries", "draftgen_generate_retries", "requests retried after a transient error"),
-    Figure("output_tokens", "draftgen_generate_output_tokens", "completion tokens generated"),
-    Figure("errors", "draftgen_generate_errors", "failed requests, by kind"),
-    Figure("skipped", "draftgen_generate_skipped", "prompts skipped: already generated"),
-    Figure("stolen", "draftgen_generate_stolen", "prompts generated from others' backlogs"),
-)
-
-TOKENIZE_FIGURES = (
-    Figure("samples", "draftgen_tokenize_samples", "samples in committed shards"),
-    Figure("tokens", "draftgen_tokenize_tokens", "tokens in committed shards"),
-    Figure("loss_tokens", "draftgen_tokenize_loss_tokens", "loss-masked tokens"),
-    Figure("shards", "draftgen_tokenize_shards", "shards committed (with rows)"),
-    Figure("duplicates", "draftgen_tokenize_duplicates", "completions replaced by a later one"),
-    Figure("open_bytes", "draftgen_tokenize_open_bytes", "bytes held by open windows", "gauge"),
-    Figure("peak_open_bytes", "draftgen_tokenize_peak_open_bytes", "most held at once", "gauge"),
-    Figure("dead_letters", "draftgen_tokenize_dead_letters", "completions dead-lettered"),
-    Figure("drift_compared", "draftgen_tokenize_drift_compared", "samples compared"),
-    Figure("drifted", "draftgen_tokenize_drifted", "samples whose renderings drifted"),
-    Figure("errors", "draftgen_tokenize_errors", "samples rejected, by kind"),
-)
+from streams.ops.figures import Figure, Figures
 
 # Generations take seconds to many minutes.
 LATENCY_BUCKETS = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, float("inf"))
@@ -123,9 +68,8 @@ class WorkerMetrics(Collector):
 
 
 class GenerateMetrics(WorkerMetrics):
-    def __init__(self, server: str):
-        super().__init__("generate", "server", server.rstrip("/"), GENERATE_FIGURES)
-        self.requests = 0
+    def __init__(self, server: str, figures: tuple[Figure, ...]):
+        super().__init__("generate", "server", server.rstrip("/"), figures)
         self._latency = Histogram(
             "draftgen_generate_request_duration_seconds",
             "time to a successful completion, per request",
@@ -139,8 +83,8 @@ class GenerateMetrics(WorkerMetrics):
 
 
 class TokenizeMetrics(WorkerMetrics):
-    def __init__(self, dataset: str):
-        super().__init__("tokenize", "dataset", dataset, TOKENIZE_FIGURES)
+    def __init__(self, dataset: str, figures: tuple[Figure, ...]):
+        super().__init__("tokenize", "dataset", dataset, figures)
 
 
 def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> str:

@@ -13,13 +13,13 @@ from typing import Any
 import faust
 
 from sinks.shards import ShardStore, rows_to_table
-from sinks.sink import SinkStats
 from streams.core.crash_guard import CrashGuard
 from streams.core.faust_app import consume, create_app, kafka_sender, raw_topic
 from streams.core.outage import Outage
 from streams.core.settings import COMPLETIONS, DEAD_LETTERS, ObserveSettings, TokenizeSettings
 from streams.core.tokenizers import LoadedTokenizer
-from streams.ops.metrics import Figures, TokenizeMetrics
+from streams.ops.figures import declared, read_figures
+from streams.ops.metrics import TokenizeMetrics
 from streams.ops.observe import install
 from streams.tokenize.policies import PolicySampleBuilder
 from streams.tokenize.stage import TokenizeStats, TokenizeWorker
@@ -27,31 +27,10 @@ from streams.tokenize.stage import TokenizeStats, TokenizeWorker
 log = logging.getLogger(__name__)
 
 
-def tokenize_figures(stats: TokenizeStats, sink: SinkStats) -> Figures:
-    return Figures(
-        counters={
-            "samples": stats.samples,
-            "tokens": stats.tokens,
-            "loss_tokens": stats.loss_tokens,
-            "shards": stats.shards,
-            "duplicates": sink.replaced,
-            "dead_letters": stats.dead_letters,
-            "drift_compared": stats.compared,
-            "drifted": stats.drifted,
-            "errors": sum(stats.rejected.values()),
-        },
-        gauges={
-            "open_bytes": float(sink.open_bytes),
-            "peak_open_bytes": float(sink.peak_open_bytes),
-        },
-        errors=dict(stats.rejected),
-    )
-
-
 def observe_tokenize(
     app: faust.App, worker: TokenizeWorker, metrics: TokenizeMetrics, settings: ObserveSettings
 ) -> str | None:
-    metrics.attach(lambda: tokenize_figures(worker.stats, worker.sink.stats))
+    metrics.attach(lambda: read_figures(worker.stats))
     return install(app, worker.settings.kafka, metrics, settings, Outage("broker", log))
 
 
@@ -112,7 +91,9 @@ def build_tokenize_app(
         guard=guard,
         on_sealed=stop_sealed,
     )
-    observe_tokenize(app, worker, TokenizeMetrics(settings.dataset), observe)
+    observe_tokenize(
+        app, worker, TokenizeMetrics(settings.dataset, declared(TokenizeStats)), observe
+    )
 
     @app.agent(raw_topic(app, kafka.topic(COMPLETIONS)), name="tokenize")
     async def tokenize(stream: Any) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from sinks.shards import SampleRow, ShardMarker, ShardStore
-from sinks.sink import STORAGE_BACKOFF, Admitted, Prepared, ShardSink
+from sinks.sink import STORAGE_BACKOFF, Admitted, Prepared, ShardSink, SinkStats
 from streams.core.crash_guard import CRASH_LOOP, CrashGuard
 from streams.core.delivery import Send, letter_output, send_dead_letter
 from streams.core.faults import AFTER_DEAD_LETTERS, AFTER_MARKER, CrashPoint
@@ -25,6 +25,7 @@ from streams.core.faust_app import Event
 from streams.core.records import CompletionRecord, DeadLetter, RecordError, origin_of
 from streams.core.retry import Backoff
 from streams.core.settings import TokenizeSettings
+from streams.ops.figures import Figure, figure, figured
 from streams.tokenize.samples import Sample, SampleBuilder, SampleError
 
 log = logging.getLogger(__name__)
@@ -41,14 +42,47 @@ BUILD_TOKENS = 256 * 1024
 
 @dataclass
 class TokenizeStats:
-    samples: int = 0
-    tokens: int = 0
-    loss_tokens: int = 0
-    shards: int = 0
-    dead_letters: int = 0
-    drifted: int = 0
-    compared: int = 0
-    rejected: dict[str, int] = field(default_factory=dict)
+    """Each field's figure (heartbeat key, Prometheus name) declared once (ops/figures.py)."""
+
+    samples: int = figure("draftgen_tokenize_samples", "samples in committed shards")
+    tokens: int = figure("draftgen_tokenize_tokens", "tokens in committed shards")
+    loss_tokens: int = figure("draftgen_tokenize_loss_tokens", "loss-masked tokens")
+    shards: int = figure("draftgen_tokenize_shards", "shards committed (with rows)")
+    dead_letters: int = figure("draftgen_tokenize_dead_letters", "completions dead-lettered")
+    drifted: int = figure("draftgen_tokenize_drifted", "samples whose renderings drifted")
+    compared: int = figure(
+        "draftgen_tokenize_drift_compared", "samples compared", key="drift_compared"
+    )
+    rejected: dict[str, int] = field(
+        default_factory=dict,
+        metadata=figured(Figure("errors", "draftgen_tokenize_errors", "samples rejected, by kind")),
+    )
+    # the sink's own counters (its stats object, once the worker made its sink)
+    sink: SinkStats = field(
+        default_factory=SinkStats,
+        metadata=figured(
+            Figure(
+                "duplicates",
+                "draftgen_tokenize_duplicates",
+                "completions replaced by a later one",
+                attr="replaced",
+            ),
+            Figure(
+                "open_bytes",
+                "draftgen_tokenize_open_bytes",
+                "bytes held by open windows",
+                "gauge",
+                attr="open_bytes",
+            ),
+            Figure(
+                "peak_open_bytes",
+                "draftgen_tokenize_peak_open_bytes",
+                "most held at once",
+                "gauge",
+                attr="peak_open_bytes",
+            ),
+        ),
+    )
 
 
 class TokenizeWorker:
@@ -88,6 +122,7 @@ class TokenizeWorker:
             clock=clock,
             **({"on_sealed": on_sealed} if on_sealed is not None else {}),
         )
+        self.stats.sink = self.sink.stats
         self._crash_after_marker = CrashPoint(AFTER_MARKER)
         self._crash_after_dead_letters = CrashPoint(AFTER_DEAD_LETTERS)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,40 +15,10 @@ import pytest
 from sinks.shards import SampleRow, ShardMarker, ShardStore
 from sinks.sink import Admitted, Prepared, ShardSink
 from streams.core.retry import Backoff
+from tests.fakes import TP, FakeEvent, Message
 from tests.polling import wait_for_async
 
 NO_WAIT = Backoff(initial_s=0.0, max_s=0.0)
-
-
-@dataclass(frozen=True)
-class TP:
-    topic: str
-    partition: int
-
-
-@dataclass(frozen=True)
-class Message:
-    tp: TP
-    offset: int
-
-
-@dataclass
-class FakeEvent:
-    """What the sink needs of a faust Event; `ack` appends to the shared log and runs a check."""
-
-    message: Message
-    value: bytes
-    log: list[tuple[Any, ...]]
-    on_ack: Callable[[FakeEvent], None] | None = None
-    key: bytes | None = None
-    acked: int = 0
-
-    def ack(self) -> bool:
-        if self.on_ack is not None:
-            self.on_ack(self)
-        self.acked += 1
-        self.log.append(("ack", self.message.tp.partition, self.message.offset))
-        return True
 
 
 def parse(value: str) -> tuple[str, str, str | None]:

@@ -6,11 +6,14 @@ import orjson
 
 from streams.core.ledger import (
     REGENERATE,
+    LedgerFollower,
+    dead_key,
     generated_prompt_ids,
     ledger_key,
     settings_hash,
     split_key,
 )
+from streams.core.settings import KafkaSettings
 from streams.generate.once import prompt_mode
 
 
@@ -40,3 +43,17 @@ def test_prompt_mode_reads_regen_and_regenerate() -> None:
     assert prompt_mode(forced) == ("final", True)
     assert prompt_mode(turns) == ("every-turn", False)
     assert prompt_mode(b"not json")[1] is True  # never skipped: the worker dead-letters it
+
+
+def test_a_follower_restricted_to_a_workers_settings_keeps_only_their_keys() -> None:
+    """A worker learns its settings hashes once it knows its model: from then on the follower
+    holds one key per prompt generated with them, not every generation ever recorded."""
+    follower = LedgerFollower(KafkaSettings(bootstrap="127.0.0.1:9"))  # never connected to
+    follower.add("a", "mine")
+    follower.add_dead("b", "every-turn-mine")
+    follower.add("a", "another-model")
+    follower.add_dead("c", "another-model")
+    follower.restrict({"mine", "every-turn-mine"})
+    assert follower.keys == {ledger_key("a", "mine"), dead_key("b", "every-turn-mine")}
+    assert follower.contains("a", "mine") and follower.ended("b", "every-turn-mine")
+    assert not follower.ended("c", "another-model")

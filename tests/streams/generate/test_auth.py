@@ -72,7 +72,7 @@ def test_a_refused_key_pauses_at_start_and_on_requests_until_the_server_takes_it
             worker.start_soon()
             await until(lambda: worker.stats.paused_for == AUTH, "paused for the key")
             emu.engine.settings.api_key = WORKER_KEY  # the operator fixed it
-            await until(lambda: worker._ready.is_set(), "started")
+            await until(lambda: worker.intake.ready.is_set(), "started")
             assert not worker.stats.paused
 
             # the key changes under a running worker: its prompts wait, none is dead-lettered

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,112 +30,18 @@ from streams.core.serving import (
     BY_NAME,
     NEWEST,
     PROFILE_NAMES,
-    PROFILES,
-    NormalizationError,
     detect_content_format,
-    profile_for_version,
 )
-from streams.core.settings import GenerateSettings, KafkaSettings, Normalization
+from streams.core.settings import GenerateSettings, KafkaSettings
 from streams.core.tokenizers import LoadedTokenizer, load_tokenizer
 from streams.generate.client import SGLangClient
 from streams.generate.native import NativeChat
 from streams.tokenize.samples import Sample, SampleBuilder
-
-SAMPLES = Path(__file__).parents[3] / "producers" / "samples" / "sample_prompts.jsonl"
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        # not the declared field order: 0.5.23 keeps the caller's
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-            "required": ["city"],
-        },
-        "description": "Weather for a city",
-    },
-}
-QUERY = {
-    "type": "function",
-    "function": {
-        "name": "run_query",
-        "description": "Run a query",
-        "parameters": {"type": "object", "properties": {"sql": {"type": "string"}}},
-        "strict": True,
-    },
-}
-BARE = {"type": "function", "function": {"name": "ping"}}  # no description, no parameters
-
-
-def _call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "id": call_id,
-        "type": "function",
-        "function": {"name": name, "arguments": json.dumps(arguments, separators=(",", ":"))},
-    }
-
-
-@dataclass(frozen=True)
-class Case:
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = "auto"
-
-
-HISTORY = [
-    {"role": "user", "content": "Weather in Oslo for 2 days, and run the query?"},
-    {
-        "role": "assistant",
-        "content": "",
-        "reasoning_content": "Two calls.",
-        "tool_calls": [
-            _call("functions.get_weather:0", "get_weather", {"city": "Oslo", "days": 2}),
-            _call(
-                "functions.run_query:1",
-                "run_query",
-                {"sql": "SELECT 1", "limit": 2.5, "fast": True, "tags": ["a"], "x": None},
-            ),
-        ],
-    },
-    {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": '{"t": -3}'},
-    {"role": "tool", "tool_call_id": "functions.run_query:1", "content": "1 row"},
-]
-
-CASES: dict[str, Case] = {
-    "tools": Case([{"role": "user", "content": "Weather in Paris?"}], [WEATHER, QUERY, BARE]),
-    "tool_results_typed_arguments": Case(HISTORY, [WEATHER, QUERY]),
-    "named_tool_choice": Case(
-        [{"role": "user", "content": "Run it."}],
-        [WEATHER, QUERY],
-        {"type": "function", "function": {"name": "run_query"}},
-    ),
-    "tool_choice_none": Case([{"role": "user", "content": "No tools."}], [WEATHER], "none"),
-    "content_parts": Case(
-        [
-            {
-                "role": "system",
-                "content": [{"type": "text", "text": "Be"}, {"type": "text", "text": "terse."}],
-            },
-            {
-                "role": "user",
-                "content": [{"type": "text", "text": "First part."}, {"type": "text", "text": "B"}],
-            },
-        ]
-    ),
-    "tool_content_parts": Case(
-        [
-            *HISTORY[:3],
-            {
-                "role": "tool",
-                "tool_call_id": "functions.run_query:1",
-                "content": [{"type": "text", "text": "1"}, {"type": "text", "text": "row"}],
-            },
-        ],
-        [WEATHER, QUERY],
-    ),
-    "user_name": Case([{"role": "user", "name": "alice", "content": "Hi"}]),
-}
+from tests.streams.generate.normalization_cases import (
+    CASES,
+    SAMPLES,
+    Case,
+)
 
 
 @dataclass
@@ -317,114 +222,6 @@ def test_the_worker_takes_the_profile_of_the_reported_version(
 
     name, reported, recorded = asyncio.run(asyncio.wait_for(run(), 60))
     assert (name, reported, recorded) == (expected, version, expected)
-
-
-def test_profile_for_version() -> None:
-    assert profile_for_version("0.5.23.post1").name == "sglang-0.5.23"
-    assert profile_for_version("v0.6.0rc1").name == "sglang-0.5.23"
-    assert profile_for_version("0.5.22").name == "sglang-0.5.11"
-    assert profile_for_version("0.5.10").name == "sglang-0.5.10"
-    assert profile_for_version("0.5.9").name == "sglang-0.5.9"
-    assert profile_for_version("0.4.6.post5").name == "sglang-0.5.1"
-    # no version, or none we can read: the newest
-    assert profile_for_version(None) is NEWEST
-    assert profile_for_version("emulator") is NEWEST
-
-
-def test_settings_offer_every_profile() -> None:
-    assert typing.get_args(Normalization) == PROFILE_NAMES
-    assert [p.name for p in PROFILES][-1] == NEWEST.name
-
-
-# -- what each profile hands the template ---------------------------------------------------
-
-
-def test_tool_dumps_per_version() -> None:
-    tools = [WEATHER, BARE]
-    assert BY_NAME["sglang-0.5.4"].tools(tools) == [
-        {
-            "description": "Weather for a city",
-            "name": "get_weather",
-            "parameters": WEATHER["function"]["parameters"],
-            "strict": False,
-        },
-        {"description": None, "name": "ping", "parameters": None, "strict": False},
-    ]
-    wrapped = BY_NAME["sglang-0.5.9"].tools(tools)
-    assert wrapped is not None and list(wrapped[0]) == ["type", "function"]
-    eleven = BY_NAME["sglang-0.5.11"].tools(tools)
-    assert eleven is not None and eleven[0]["defer_loading"] is None
-    assert list(eleven[0]["function"]) == ["description", "name", "parameters", "strict"]
-    newest = NEWEST.tools(tools)
-    assert newest == [
-        {
-            "type": "function",
-            "function": {
-                "name": "get_weather",
-                "parameters": WEATHER["function"]["parameters"],
-                "description": "Weather for a city",
-            },
-            "defer_loading": None,
-        },
-        {
-            "type": "function",
-            "function": {"name": "ping", "description": None, "parameters": None},
-            "defer_loading": None,
-        },
-    ]
-    assert newest is not None and list(newest[0]["function"]) == [
-        "name",
-        "parameters",
-        "description",
-    ]
-    assert NEWEST.tools([QUERY])[0]["function"]["strict"] is True  # type: ignore[index]
-    assert NEWEST.tools(tools, "none") is None
-    named = NEWEST.tools(tools, {"type": "function", "function": {"name": "ping"}})
-    assert [t["function"]["name"] for t in named or []] == ["ping"]
-
-
-def test_message_dumps_per_version() -> None:
-    history = HISTORY[1]
-    old = BY_NAME["sglang-0.5.1"].messages([history])[0]
-    assert isinstance(old["tool_calls"][0]["function"]["arguments"], str)
-    new = NEWEST.messages([history])[0]
-    assert new["tool_calls"][1]["function"]["arguments"] == {
-        "sql": "SELECT 1",
-        "limit": 2.5,
-        "fast": True,
-        "tags": ["a"],
-        "x": None,
-    }
-    assert new["tool_calls"][0]["index"] is None  # ToolCall's dump, nested None kept
-    assert "tool_call_id" not in new and "name" not in new  # top-level None left out
-    # a user message keeps role and content only; None content is ""
-    assert NEWEST.messages([{"role": "user", "name": "a", "content": "x"}]) == [
-        {"role": "user", "content": "x"}
-    ]
-    assert NEWEST.messages([{"role": "assistant", "content": None}]) == [
-        {"role": "assistant", "content": ""}
-    ]
-    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
-    assert NEWEST.messages([{"role": "user", "content": parts}], "string")[0]["content"] == "a b"
-    assert NEWEST.messages([{"role": "user", "content": parts}], "openai")[0]["content"] == parts
-    tool = {"role": "tool", "tool_call_id": "c", "content": parts}
-    assert NEWEST.messages([tool], "openai")[0]["content"] == "a b"
-    assert BY_NAME["sglang-0.5.10"].messages([tool], "openai")[0]["content"] == parts
-    with pytest.raises(NormalizationError):
-        NEWEST.messages([{**history, "tool_calls": [_bad_arguments()]}])
-
-
-def _bad_arguments() -> dict[str, Any]:
-    return {"id": "x", "type": "function", "function": {"name": "f", "arguments": "{not json"}}
-
-
-def test_reasoning_effort_keyword_per_version() -> None:
-    assert BY_NAME["sglang-0.5.9"].template_kwargs({"thinking": True}) == {
-        "reasoning_effort": "medium",
-        "thinking": True,
-    }
-    assert NEWEST.template_kwargs({"thinking": True}) == {"thinking": True}
-    assert NEWEST.template_kwargs({}, "high") == {"reasoning_effort": "high"}
 
 
 def test_content_format_detection(targets: dict[str, Target]) -> None:

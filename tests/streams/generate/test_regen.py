@@ -13,7 +13,9 @@ from streams.core.records import CompletionRecord, DeadLetter, PromptRecord
 from streams.core.settings import GenerateSettings, KafkaSettings
 from streams.generate import regen
 from streams.generate.client import GenerationError
+from streams.generate.outputs import Completion, Letter
 from streams.generate.worker import GenerateWorker
+from tests.streams.generate.fakes import FakeClient
 
 SYSTEM = {"role": "system", "content": "Be brief."}
 
@@ -114,12 +116,11 @@ def test_turn_prompt_carries_the_conversation() -> None:
 # -- running --------------------------------------------------------------------------------
 
 
-class FakeModel:
+class FakeModel(FakeClient):
     """Answers each turn with its position; scripted failures by turn."""
 
-    base_url = "http://fake"
-
     def __init__(self, script: dict[int, Any] | None = None):
+        super().__init__()
         self.script = script or {}
         self.prompts: list[PromptRecord] = []
 
@@ -211,8 +212,8 @@ def make_worker(model: FakeModel) -> GenerateWorker:
     async def send(topic: str, key: bytes, value: bytes) -> None:
         raise AssertionError("process_all does not send")
 
-    worker = GenerateWorker(settings, model, send, "completions", "dead")  # type: ignore[arg-type]
-    worker._server_up.set()
+    worker = GenerateWorker(settings, model, send, "completions", "dead")
+    worker.gate.open()
     return worker
 
 
@@ -220,15 +221,15 @@ def test_generate_worker_emits_one_output_per_turn() -> None:
     model = FakeModel({1: {"finish_reason": "length"}})
     worker = make_worker(model)
     record = conversation(user("a"), assistant("A"), user("b"), assistant("B"), user("c"))
-    outputs = asyncio.run(worker.process_all(b"c0ffee", record.encode()))
-    assert [(topic, key) for topic, key, _ in outputs] == [
-        ("completions", b"c0ffee-t0of3"),
-        ("completions", b"c0ffee-t1of3"),
-        ("dead", b"c0ffee-t2of3"),
+    outputs = asyncio.run(worker.stage.outputs(b"c0ffee", record.encode()))
+    assert [(type(output), output.key) for output in outputs] == [
+        (Completion, b"c0ffee-t0of3"),
+        (Completion, b"c0ffee-t1of3"),
+        (Letter, b"c0ffee-t2of3"),
     ]
-    letter = DeadLetter.decode(outputs[2][2])
+    letter = DeadLetter.decode(outputs[2].value)
     assert letter.stage == "generate" and letter.kind == turns.STOPPED
-    assert CompletionRecord.decode(outputs[0][2]).meta["conversation_id"] == "c0ffee"
+    assert CompletionRecord.decode(outputs[0].value).meta["conversation_id"] == "c0ffee"
     assert worker.stats.completed == 2 and worker.stats.dead_letters == 1
     assert worker.stats.output_tokens == 10
 
@@ -237,16 +238,16 @@ def test_generate_worker_handles_other_prompts_as_before() -> None:
     model = FakeModel()
     worker = make_worker(model)
     final = conversation(user("a"), assistant("A"), user("b"), mode=turns.FINAL)
-    ((topic, key, value),) = asyncio.run(worker.process_all(b"c0ffee", final.encode()))
-    assert (topic, key) == ("completions", b"c0ffee")
-    assert CompletionRecord.decode(value).meta == {"row": 3}
+    (output,) = asyncio.run(worker.stage.outputs(b"c0ffee", final.encode()))
+    assert (type(output), output.key) == (Completion, b"c0ffee")
+    assert CompletionRecord.decode(output.value).meta == {"row": 3}
     # every-turn but with tools in use: the final turn only, under the conversation's id
     tools = conversation(
         user("a"),
         assistant("", tool_calls=[{"id": "x", "function": {"name": "f", "arguments": "{}"}}]),
         {"role": "tool", "tool_call_id": "x", "content": "out"},
     )
-    ((topic, key, _),) = asyncio.run(worker.process_all(b"c0ffee", tools.encode()))
-    assert (topic, key) == ("completions", b"c0ffee")
-    ((topic, key, value),) = asyncio.run(worker.process_all(b"bad", b"not json every-turn"))
-    assert topic == "dead" and DeadLetter.decode(value).kind == "not_json"
+    (output,) = asyncio.run(worker.stage.outputs(b"c0ffee", tools.encode()))
+    assert (type(output), output.key) == (Completion, b"c0ffee")
+    (output,) = asyncio.run(worker.stage.outputs(b"bad", b"not json every-turn"))
+    assert isinstance(output, Letter) and DeadLetter.decode(output.value).kind == "not_json"

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from streams.generate.app import generate_figures
-from streams.generate.worker import GenerateStats
+from streams.generate.stats import GenerateStats, generate_figures
 from streams.ops.console import ConsoleWatch
 from streams.ops.heartbeat import Heartbeat
 from streams.ops.status_view import server_rows
@@ -72,10 +71,10 @@ def test_a_worker_that_stops_reporting_and_its_restart_are_said() -> None:
 
 
 def test_a_server_unreachable_since_start_is_paused_in_heartbeats_and_status() -> None:
-    figures = generate_figures(GenerateStats(), 0, unreachable=True)
+    figures = generate_figures(GenerateStats(), unreachable=True)
     assert figures.gauges["paused"] == 1.0
     stats = GenerateStats(exact_ids="exact via token_ids (vllm)")
-    assert generate_figures(stats, 0).notes == {"exact_ids": "exact via token_ids (vllm)"}
+    assert generate_figures(stats).notes == {"exact_ids": "exact via token_ids (vllm)"}
     [row] = server_rows([beat(1, paused=True, ids="exact via token_ids (vllm)")], NOW)
     assert (row.paused, row.paused_for, row.exact_ids) == (
         True,

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import urllib.request
+from dataclasses import dataclass
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sinks.sink import SinkStats
-from streams.generate.app import generate_figures
-from streams.generate.worker import GenerateStats
+from streams.generate.stats import GenerateStats, generate_figures
+from streams.ops.figures import declared, figure, read_figures
 from streams.ops.metrics import GenerateMetrics, TokenizeMetrics, serve_metrics
-from streams.tokenize.app import tokenize_figures
 from streams.tokenize.stage import TokenizeStats
 
 
@@ -25,15 +25,15 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 def test_generate_metrics_follow_the_stats_without_being_told() -> None:
     stats = GenerateStats()
-    metrics = GenerateMetrics("http://gpu-01:30000/")
-    metrics.attach(lambda: generate_figures(stats, metrics.requests))
+    metrics = GenerateMetrics("http://gpu-01:30000/", declared(GenerateStats))
+    metrics.attach(lambda: generate_figures(stats))
     server = (("server", "http://gpu-01:30000"),)
 
     stats.in_flight, stats.completed, stats.output_tokens = 3, 7, 4200
     stats.dead_letters, stats.retries, stats.paused, stats.paused_for = 1, 2, True, "auth"
     stats.skipped, stats.stolen = 5, 6
     stats.errors.update({"http_503": 2, "context_too_long": 1})
-    metrics.requests = 10
+    stats.requests = 10
     metrics.observe(1.5)
     metrics.observe(42.0)
     found = samples(generate_latest(metrics.registry).decode())
@@ -63,9 +63,9 @@ def test_tokenize_metrics_are_per_dataset() -> None:
     stats = TokenizeStats(samples=5, tokens=900, loss_tokens=400, shards=2, dead_letters=3)
     stats.compared, stats.drifted = 5, 1
     stats.rejected["bad_tool_call"] = 3
-    sink = SinkStats(replaced=1, open_bytes=1234, peak_open_bytes=5678)
-    metrics = TokenizeMetrics("k26-v1")
-    metrics.attach(lambda: tokenize_figures(stats, sink))
+    sink = stats.sink = SinkStats(replaced=1, open_bytes=1234, peak_open_bytes=5678)
+    metrics = TokenizeMetrics("k26-v1", declared(TokenizeStats))
+    metrics.attach(lambda: read_figures(stats))
     found = samples(generate_latest(metrics.registry).decode())
     ds = (("dataset", "k26-v1"),)
     for name, value in (
@@ -94,7 +94,7 @@ def test_tokenize_metrics_are_per_dataset() -> None:
 
 
 def test_metrics_endpoint_on_a_free_loopback_port() -> None:
-    metrics = TokenizeMetrics("ds")
+    metrics = TokenizeMetrics("ds", declared(TokenizeStats))
     url = serve_metrics(metrics.registry, "127.0.0.1", 0)
     assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
     assert not url.startswith("http://127.0.0.1:0/")
@@ -102,3 +102,20 @@ def test_metrics_endpoint_on_a_free_loopback_port() -> None:
         body = response.read().decode()
     assert 'draftgen_tokenize_samples_total{dataset="ds"} 0.0' in body
     assert "process_cpu_seconds_total" in body
+
+
+def test_a_figure_declared_once_on_its_stats_field_reaches_heartbeats_and_prometheus() -> None:
+    @dataclass
+    class ToyStats:
+        widgets: int = figure("draftgen_toy_widgets", "widgets made")
+        busy: bool = figure("draftgen_toy_busy", "1 while busy", "gauge", default=False)
+        untracked: int = 0
+
+    stats = ToyStats(widgets=4, busy=True, untracked=9)
+    reading = read_figures(stats)
+    assert (reading.counters, reading.gauges) == ({"widgets": 4}, {"busy": 1.0})
+    metrics = TokenizeMetrics("toy", declared(ToyStats))
+    metrics.attach(lambda: read_figures(stats))
+    found = samples(generate_latest(metrics.registry).decode())
+    assert found[("draftgen_toy_widgets_total", (("dataset", "toy"),))] == 4
+    assert found[("draftgen_toy_busy", (("dataset", "toy"),))] == 1

@@ -21,31 +21,8 @@ from streams.core.settings import KafkaSettings
 from streams.tokenize.samples import DriftCause, Sample, SampleBuilder, SampleError
 from streams.tokenize.stage import BUILD_TOKENS, TokenizeWorker
 from tests.bad_records import BAD_SHAPES, COMPLETION_FIELDS, completion_dict, with_field
+from tests.fakes import TP, FakeEvent, Message
 from tests.ids import as_list
-
-
-@dataclass(frozen=True)
-class TP:
-    topic: str
-    partition: int
-
-
-@dataclass(frozen=True)
-class Message:
-    tp: TP
-    offset: int
-
-
-@dataclass
-class FakeEvent:
-    message: Message
-    key: bytes | None
-    value: bytes
-    log: list[tuple[Any, ...]]
-
-    def ack(self) -> bool:
-        self.log.append(("ack", self.message.offset))
-        return True
 
 
 @dataclass
@@ -144,7 +121,8 @@ class Stage:
 
     async def add(self, value: bytes, key: bytes | None = None, partition: int = 0) -> None:
         self.values_added.append(value)
-        event = FakeEvent(Message(TP("completions", partition), self.offset), key, value, self.log)
+        tp = TP("completions", partition)
+        event = FakeEvent(Message(tp, self.offset), value, self.log, key=key)
         self.offset += 1
         await self.worker.sink.add(event)
         await self.worker.sink.drain()  # a flush it started is done: the tests look at once
@@ -168,7 +146,7 @@ class Stage:
         return [entry for entry in self.log if entry[0] == "dead_letter"]
 
     def acks(self) -> list[int]:
-        return [entry[1] for entry in self.log if entry[0] == "ack"]
+        return [entry[2] for entry in self.log if entry[0] == "ack"]
 
 
 def test_an_undecodable_record_is_a_dead_letter_and_a_drop_under_its_key(

@@ -1,0 +1,93 @@
+"""What the generate stage asks of its collaborators: each a Protocol, so that a unit test
+passes a small fake and the app passes the real one (SGLangClient, LedgerFollower, CrashGuard,
+KafkaBacklogs)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import Protocol
+
+from streams.core.records import CompletionRecord, PromptRecord
+from streams.core.serving import ServerNormalization
+from streams.generate.exact_ids import IdsWay
+
+
+class Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class ServerClient(Protocol):
+    """One SGLang server (streams/generate/client.py)."""
+
+    @property
+    def base_url(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def family(self) -> Named: ...
+    @property
+    def server_version(self) -> str | None: ...
+
+    async def discover(self) -> None: ...
+    async def use_server_version(self) -> ServerNormalization: ...
+    async def probe_ids(self) -> IdsWay | None: ...
+    async def max_running_requests(self) -> int | None: ...
+    async def unavailable(self) -> str | None:
+        """None when healthy, else why not (client.DOWN, client.AUTH)."""
+        ...
+
+    async def complete(self, prompt: PromptRecord) -> CompletionRecord: ...
+    async def close(self) -> None: ...
+
+
+class Ledger(Protocol):
+    """What was generated, with which settings (streams/core/ledger.py's LedgerFollower)."""
+
+    @property
+    def caught_up(self) -> asyncio.Event: ...
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    def restrict(self, settings: Iterable[str]) -> None:
+        """Keep only these settings hashes (the worker's): bounds memory."""
+        ...
+
+    def contains(self, prompt_id: str, settings: str) -> bool: ...
+    def ended(self, prompt_id: str, settings: str) -> bool: ...
+    def add(self, prompt_id: str, settings: str) -> None: ...
+    def add_dead(self, prompt_id: str, settings: str) -> None: ...
+
+
+class Gate(Protocol):
+    """Whether requests may go to the server now (streams/generate/gate.py's ServerGate)."""
+
+    async def wait_open(self) -> None: ...
+    async def pause(self, reason: str) -> None:
+        """Close the gate for `reason` until the server is healthy again (probed by one task)."""
+        ...
+
+    async def unavailable(self) -> str | None: ...
+
+
+class PoisonCheck(Protocol):
+    """streams/core/crash_guard.py's CrashGuard."""
+
+    def poisoned(self, topic: str, partition: int, offset: int) -> str | None: ...
+
+
+class Backlogs(Protocol):
+    """Other workers' backlogs of the prompts topic, as a thief sees them
+    (streams/generate/backlogs.py)."""
+
+    async def committed(self) -> dict[int, int]:
+        """The group's committed offset of each partition of the topic."""
+        ...
+
+    async def ends(self, partitions: list[int]) -> dict[int, int]: ...
+    async def read(self, partition: int, offsets: set[int]) -> list[tuple[bytes, bytes]]:
+        """(key, value) of the records at `offsets` (one compacted away is skipped)."""
+        ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,54 @@
+"""A generate worker's counters, each field declaring its figure once (streams/ops/figures.py):
+its heartbeat key and its Prometheus name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from streams.generate.client import AUTH
+from streams.ops.figures import Figure, Figures, figure, figured, note, read_figures
+
+
+def _is_auth(paused_for: str) -> float:
+    return 1.0 if paused_for == AUTH else 0.0
+
+
+@dataclass
+class GenerateStats:
+    in_flight: int = figure("draftgen_generate_in_flight", "requests in flight", "gauge")
+    paused: bool = figure(
+        "draftgen_generate_paused", "1 while the worker is paused", "gauge", default=False
+    )
+    # why: DOWN (the server does not answer) or AUTH (it refuses the API key); "" when running
+    paused_for: str = figure(
+        "draftgen_generate_paused_auth",
+        "1 while paused because the server refuses the API key",
+        "gauge",
+        key="paused_auth",
+        default="",
+        value=_is_auth,
+    )
+    # counted by the timed client around each request (streams/generate/timed.py)
+    requests: int = figure("draftgen_generate_requests", "requests sent, retries included")
+    completed: int = figure("draftgen_generate_completed", "completions produced")
+    dead_letters: int = figure("draftgen_generate_dead_letters", "prompts dead-lettered")
+    retries: int = figure("draftgen_generate_retries", "requests retried after a transient error")
+    output_tokens: int = figure("draftgen_generate_output_tokens", "completion tokens generated")
+    errors: dict[str, int] = field(
+        default_factory=dict,
+        metadata=figured(Figure("", "draftgen_generate_errors", "failed requests, by kind")),
+    )
+    # prompts acked without a request, because the ledger had them (streams/generate/once.py)
+    skipped: int = figure("draftgen_generate_skipped", "prompts skipped: already generated")
+    # prompts generated from other workers' backlogs (streams/generate/steal.py)
+    stolen: int = figure("draftgen_generate_stolen", "prompts generated from others' backlogs")
+    # how its server returns exact token ids, once asked (`ids_note`); "" before
+    exact_ids: str = note()
+
+
+def generate_figures(stats: GenerateStats, unreachable: bool = False) -> Figures:
+    """`unreachable`: the server has not answered since the worker started (it waits)."""
+    figures = read_figures(stats)
+    if unreachable:
+        figures.gauges["paused"] = 1.0
+    return figures

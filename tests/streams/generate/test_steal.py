@@ -1,0 +1,173 @@
+"""Stealing at the end of a run (streams/generate/steal.py): stolen prompts are generated and
+recorded but never acked nor dead-lettered; a worker is idle once it has a free slot and nothing
+of its own; the stealer's loop and what a thief takes, against fake backlogs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from streams.core.settings import OnceSettings
+from streams.generate.client import GenerationError
+from streams.generate.stats import generate_figures
+from streams.generate.steal import Stealer
+from tests.streams.generate.fakes import (
+    COMPLETIONS,
+    LEDGER,
+    FakeBacklogs,
+    FakeClient,
+    FakeKafka,
+    once_worker,
+    prompt,
+    run,
+    settings_key,
+    until,
+)
+
+
+def test_stolen_prompts_are_generated_and_recorded_but_never_acked_or_dead_lettered() -> None:
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        worker, _ = await once_worker(client, kafka)
+        client.always["bad"] = GenerationError("context_too_long", "too long", transient=False)
+        records = [(pid.encode(), prompt(pid)) for pid in ("s1", "s2", "bad")]
+
+        assert await worker.run_stolen(records) == 2
+        assert sorted(kafka.sent_to(COMPLETIONS)) == ["s1", "s2"]
+        assert len(kafka.sent_to(LEDGER)) == 2
+        assert kafka.letters() == [] and kafka.acked() == []  # the owner decides about "bad"
+        assert worker.stats.stolen == 2 and worker.stats.in_flight == 0
+        assert generate_figures(worker.stats).counters["stolen"] == 2
+        await worker.stop()
+
+    run(scenario)
+
+
+def test_an_idle_wait_ends_once_a_slot_is_free_not_after_all_the_work_in_flight() -> None:
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        worker, _ = await once_worker(client, kafka, concurrency=2)
+        client.gates["p0"] = asyncio.Event()
+        client.gates["p1"] = asyncio.Event()
+        await worker.submit(kafka.event(0, "p0"))
+        await worker.submit(kafka.event(1, "p1"))
+        await until(lambda: sorted(client.requests) == ["p0", "p1"], "both requests running")
+        worker.intake.last_busy = time.monotonic() - 60  # idle long enough, but for the slots
+
+        # no timer runs out during the test: only a slot freed can end it
+        waiting = asyncio.create_task(worker.wait_idle(30.0))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not waiting.done() and worker.free_slots() == 0
+        client.gates["p0"].set()
+        await until(waiting.done, "the idle wait over once one slot is free")
+        assert worker.free_slots() == 1 and worker.stats.in_flight == 1  # p1 still runs
+        assert worker.intake.idle_for() >= 30.0
+        client.gates["p1"].set()
+        await until(lambda: kafka.acked() == [0, 1], "both acked")
+        await worker.stop()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("busy_for", [0.0, 0.05])
+def test_an_idle_wait_lasts_until_the_worker_was_idle_that_long(busy_for: float) -> None:
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        worker, _ = await once_worker(client, kafka)
+        worker.intake.last_busy = time.monotonic() - busy_for
+        await worker.wait_idle(0.05)
+        assert worker.intake.idle_for() >= 0.05
+        await worker.stop()
+
+    run(scenario)
+
+
+def test_the_stealer_waits_for_idleness_and_backs_off_only_when_nothing_was_taken() -> None:
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        worker, _ = await once_worker(client, kafka, concurrency=1)
+        client.gates["p0"] = asyncio.Event()
+        await worker.submit(kafka.event(0, "p0"))
+        worker.intake.last_busy = time.monotonic() - 60  # idle long enough, but for its one slot
+
+        # None: no chunk to take; 0: a chunk taken but all generated already (here: gone);
+        # 1: a prompt started; error: a failure
+        script: list[int | Exception | None] = [None, None, RuntimeError("admin"), 0, 1, None]
+        looks: list[int] = []
+        pauses: list[int] = []
+
+        class ScriptedBacklogs(FakeBacklogs):
+            async def committed(self) -> dict[int, int]:
+                looks.append(len(pauses))
+                self.action = script.pop(0) if script else None
+                if isinstance(self.action, Exception):
+                    raise self.action
+                # its own partition only: nothing to take; else another's, with a backlog
+                return {0: 0} if self.action is None else {0: 0, 1: 0}
+
+            async def read(self, partition: int, offsets: set[int]) -> list[tuple[bytes, bytes]]:
+                return [] if self.action == 0 else await super().read(partition, offsets)
+
+        class CountingBackoff:
+            async def sleep(self, attempt: int) -> None:
+                pauses.append(attempt)
+                await asyncio.sleep(0)
+
+        backlogs = ScriptedBacklogs({}, {1: 100})
+        once = OnceSettings(steal_after_s=1.0, steal_margin=0)
+        stealer = Stealer(worker, backlogs, once, lambda: {0}, CountingBackoff())
+        running = asyncio.create_task(stealer.run())
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert looks == []  # its one slot busy with its own prompt: no stealing
+
+        client.gates["p0"].set()
+        await until(lambda: len(pauses) >= 4, "four pauses")
+        running.cancel()
+        # a failure does not end the loop; a pause grows with each look that took nothing
+        # and starts over after one that took a chunk
+        assert pauses[:4] == [1, 2, 3, 1]
+        assert looks[:6] == [0, 1, 2, 3, 3, 3]
+        await until(lambda: backlogs.closed, "the backlogs' clients closed")
+        await worker.stop()
+
+    run(scenario)
+
+
+def test_a_thief_takes_from_the_end_of_a_backlog_no_more_than_its_free_slots() -> None:
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        worker, ledger = await once_worker(client, kafka, concurrency=3)
+        client.gates["own"] = asyncio.Event()
+        await worker.submit(kafka.event(0, "own"))  # one slot busy: two free
+        # partition 2: nothing beyond the owner's margin of 8
+        backlogs = FakeBacklogs({0: 0, 1: 10, 2: 5}, {0: 50, 1: 30, 2: 13})
+        default = Stealer(worker, backlogs, OnceSettings(), lambda: {0})
+        assert default.margin == 3 + 4  # by default an owner's window: in flight + prefetch
+        stealer = Stealer(worker, backlogs, OnceSettings(steal_margin=8), lambda: {0})
+        assert stealer.margin == 8
+        for pid in ("p1-29", "p1-28", "p1-27"):
+            client.gates[pid] = asyncio.Event()
+
+        assert await stealer.steal_once() == 2
+        assert backlogs.reads == [(1, {29, 28})]  # the end of p1's backlog, as many as free slots
+        assert worker.free_slots() == 0
+        ledger.add("p1-27", settings_key(worker))  # generated meanwhile elsewhere
+        client.gates["p1-29"].set()
+        await until(lambda: worker.free_slots() == 1, "a slot freed")
+        assert await stealer.steal_once() == 0  # p1-27 taken, but already generated
+        assert await stealer.steal_once() == 1  # then the next one from the end
+        assert backlogs.reads[1:] == [(1, {27}), (1, {26})]
+        for event in client.gates.values():
+            event.set()
+        await until(lambda: worker.stats.stolen == 3 and worker.stats.in_flight == 0, "done")
+        assert sorted(kafka.sent_to(COMPLETIONS)) == ["own", "p1-26", "p1-28", "p1-29"]
+        assert kafka.acked() == [0]  # stolen prompts are never acked by the thief
+        backlogs.committed_offsets[1] = 25  # the owner caught up: 25 + 8 is past the end
+        assert await stealer.steal_once() is None
+        await worker.stop()
+
+    run(scenario)
