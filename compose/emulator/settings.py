@@ -11,6 +11,7 @@ from typing import Any
 
 from compose.emulator.token_ids import IDS_STYLES
 from streams.core.errors import CliError
+from streams.core.families import FAMILIES
 from streams.core.serving import parse_version
 
 
@@ -21,7 +22,7 @@ class EmulatorSettings:
     port: int = 30000  # SGLang's default; 0 picks a free port
     # served model name; empty means the tokenizer directory's name
     model: str = ""
-    # model family override (kimi_k2, qwen3, generic); None detects it from the template
+    # model family override (streams.core.families); None detects it from the template
     family: str | None = None
     max_model_len: int = 32768
     # how chat completions carry exact token ids: vLLM's, SGLang's ones, or none
@@ -161,7 +162,8 @@ def add_emulator_arguments(parser: argparse.ArgumentParser) -> None:
         help="0 picks a free port",
     )
     add("--model", default="", help="served model name (default: the tokenizer dir name)")
-    add("--family", default=None, help="model family override: kimi_k2, qwen3, generic")
+    known = ", ".join(FAMILIES)
+    add("--family", default=None, help=f"model family override: {known}")
     add("--max-model-len", type=_POSITIVE, default=d.max_model_len, help="context length")
     add(
         "--ids-style",

@@ -16,7 +16,7 @@ import httpx2
 import openai
 import orjson
 
-from streams.core.families import FAMILIES, GENERIC, FamilyProfile
+from streams.core.families import GENERIC, family_for_model
 from streams.core.records import CompletionRecord, PromptRecord
 from streams.core.serving import ServerNormalization, profile_for_version, profile_named
 from streams.core.settings import GenerateSettings
@@ -90,17 +90,6 @@ def _error_message(err: openai.APIStatusError) -> str:
 
 def _short(err: Exception) -> str:
     return (str(err) or type(err).__name__).splitlines()[0][:500]
-
-
-def family_for_model(model: str, override: str | None) -> FamilyProfile:
-    if override:
-        return FAMILIES[override]
-    lowered = model.lower()
-    if "kimi" in lowered:
-        return FAMILIES["kimi_k2"]
-    if "qwen" in lowered:
-        return FAMILIES["qwen3"]
-    return GENERIC
 
 
 @dataclass(frozen=True)

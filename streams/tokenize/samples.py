@@ -6,12 +6,13 @@ Two token sources (see DESIGN.md, "Tokens and loss masks"):
   mask is 0 over the prompt (including a prefilled ``<think>``) and 1 over the output.
 - ``rendered``: the prompt rendered by the target's chat template with the generation prompt
   and the thinking the server was asked for (the record's ``chat_template_kwargs``; on when
-  it has none), followed by the generated turn rendered in the family's own format. The
-  turn is appended rather than rendered by the template because templates blank or trim
-  history reasoning; appending keeps the final reasoning exactly (for Qwen, the model's own
-  whitespace too, when the record has it: `_qwen_turn`). The mask is 1 exactly over the turn,
-  end-of-turn token included. tests/streams/tokenize/test_agreement.py checks that the
-  rendered ids equal the server's on the cases that matter.
+  it has none), followed by the generated turn rendered in the family's own format
+  (streams/core/families/; rendering.py). The turn is appended rather than rendered by the
+  template because templates blank or trim history reasoning; appending keeps the final
+  reasoning exactly (for Qwen, the model's own whitespace too, when the record has it). The
+  mask is 1 exactly over the turn, end-of-turn token included.
+  tests/streams/tokenize/test_agreement.py checks that the rendered ids equal the server's on
+  the cases that matter.
 
 The rendered sample is ``ids(prompt) + ids(turn)``, each encoded on its own, as at inference:
 the server encodes the prompt alone and the model then samples the turn's tokens. Encoding
@@ -31,118 +32,36 @@ bad_token_ids, token_out_of_range, too_few_loss_tokens, encode_error, bad_normal
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, cast
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
 import numpy as np
-import numpy.typing as npt
 
 from streams.core.families import FamilyProfile
-from streams.core.records import CompletionRecord, Message, equal_fields
-from streams.core.serving import (
-    NEWEST,
-    PROFILES,
-    ContentFormat,
-    NormalizationError,
-    ServerNormalization,
-    detect_content_format,
-    profile_named,
-)
+from streams.core.records import CompletionRecord
+from streams.core.serving import NEWEST, PROFILES, ServerNormalization
+from streams.tokenize.drift import drift_cause, first_difference
 from streams.tokenize.encoder import EncoderChoice, TextEncoder
+from streams.tokenize.rendering import RenderedText, Renderer
+from streams.tokenize.sample_types import (
+    TOKEN_SOURCES,
+    DriftCause,
+    Ids,
+    Mask,
+    Sample,
+    SampleError,
+    TokenSource,
+)
 
-TokenSource = Literal["server", "rendered"]
-TOKEN_SOURCES: tuple[TokenSource, ...] = ("server", "rendered")
-# a decoded token in a drift cause, repr'd, is cut to this many characters
-CAUSE_TOKEN_CHARS = 40
-# a sample's ids and mask are numpy arrays of the shard's column types, from the record's
-# packed ids or the encoder's lists straight to Arrow, with no Python int per token between
-Ids = npt.NDArray[np.int32]
-Mask = npt.NDArray[np.int8]
-
-
-@dataclass(frozen=True)
-class DriftCause:
-    """Where the server's ids and the rendering first differ: in the prompt if the prompt ids
-    differ (else in the turn), the position in the sample, and the token there on each side,
-    decoded and repr'd (None: that side ended there, one is a prefix of the other)."""
-
-    side: Literal["prompt", "turn"]
-    position: int
-    server: str | None
-    rendered: str | None
-    # the server's prompt is what another SGLang version's preprocessing renders (that
-    # profile's name): a normalization difference, not the template's or the tokenizer's
-    normalization: str | None = None
-
-    @property
-    def label(self) -> str:
-        if self.normalization is not None:
-            return "prompt normalization"
-        length = self.server is None or self.rendered is None
-        return f"{self.side} length" if length else self.side
-
-    @property
-    def key(self) -> str:
-        """Without the position, so that counts of the same cause add up across samples."""
-        if self.normalization is not None:
-            return f"{self.label}: the server rendered as {self.normalization}"
-        return (
-            f"{self.label}: server {self.server or '(end)'} vs rendered {self.rendered or '(end)'}"
-        )
-
-    def __str__(self) -> str:
-        return (
-            f"{self.label}: at {self.position} server {self.server or '(end)'} "
-            f"vs rendered {self.rendered or '(end)'}"
-        )
-
-
-@dataclass
-class Sample:
-    input_ids: Ids
-    loss_mask: Mask
-    token_source: TokenSource
-    # rendered ids differ from the server's (None: not measured)
-    drift: bool | None = None
-    # first position where they differ (None: no drift or not measured)
-    drift_position: int | None = None
-    # why it drifted (None: no drift or not measured)
-    drift_cause: DriftCause | None = None
-    # cut to the policy's --max-seq-len (streams/policies.py)
-    truncated: bool = False
-    # the SGLang preprocessing profile the prompt was rendered with (streams/core/serving.py)
-    normalization: str = ""
-
-    def __eq__(self, other: object) -> bool:
-        return equal_fields(self, other) if isinstance(other, Sample) else NotImplemented
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.input_ids)
-
-    @property
-    def num_loss_tokens(self) -> int:
-        return int(np.count_nonzero(self.loss_mask))
-
-
-class SampleError(Exception):
-    """A completion that cannot become a sample; `kind` names the failure for dead letters."""
-
-    def __init__(self, kind: str, message: str):
-        super().__init__(f"{kind}: {message}")
-        self.kind = kind
-        self.message = message
-
-
-@dataclass
-class RenderedText:
-    """A completion rendered as text: the prompt (ending with the generation prompt) and the
-    generated turn (exactly the supervised text)."""
-
-    prompt: str
-    turn: str
+__all__ = [
+    "TOKEN_SOURCES",
+    "DriftCause",
+    "RenderedText",
+    "Sample",
+    "SampleBuilder",
+    "SampleError",
+    "TokenSource",
+]
 
 
 class SampleBuilder:
@@ -166,13 +85,9 @@ class SampleBuilder:
         self.prefer = cast(TokenSource, prefer)
         self.measure_drift = measure_drift
         self.min_loss_tokens = min_loss_tokens
-        # Every kwarg explicit: Kimi's remote code defaults add_generation_prompt=True.
-        self._default_kwargs = profile.template_kwargs(thinking=True)
-        self._explicit_kwargs = dict(template_kwargs or {})
+        self.renderer = Renderer(tokenizer, profile, template_kwargs)
         self._vocab_size = len(tokenizer)
         self.encoder = TextEncoder(tokenizer, encoder)
-        # how SGLang flattens list content for this template (read when first rendering)
-        self._content_format: ContentFormat | None = None
 
     # -- public ---------------------------------------------------------------------------
 
@@ -213,64 +128,15 @@ class SampleBuilder:
     def render(
         self, completion: CompletionRecord, normalization: ServerNormalization | None = None
     ) -> RenderedText:
-        """The prompt text (ending with the generation prompt) and the generated turn's text,
-        the prompt as SGLang of the completion's profile (or `normalization`) renders it."""
-        if normalization is None:
-            normalization = self._normalization(completion)
-        try:
-            messages, tools = normalization.prepare(
-                completion.messages, completion.tools, content_format=self.content_format
-            )
-        except NormalizationError as err:  # the server would have refused it
-            raise SampleError("bad_tool_arguments", str(err)) from None
-        generated = self._prepare(completion.generated_message())
-        kwargs = normalization.template_kwargs(self._kwargs(completion))
-        # a run with thinking off (`--no-thinking`): the prompt closes the think block itself
-        thinking = not (
-            self.profile.thinking_kwarg and kwargs.get(self.profile.thinking_kwarg) is False
-        )
-        prompt = self._apply_template(messages, tools, kwargs, add_generation_prompt=True)
-        if self.profile.name == "kimi_k2":
-            calls = _count_calls(messages)
-            turn = _kimi_turn(generated, self.profile, completion, calls, thinking)
-        elif self.profile.name == "qwen3":
-            turn = _qwen_turn(generated, self.profile, completion, thinking)
-        else:
-            try:
-                [as_history] = normalization.messages([completion.generated_message()])
-            except NormalizationError as err:
-                raise SampleError("bad_tool_arguments", str(err)) from None
-            turn = self._template_turn(messages, as_history, tools, kwargs, prompt)
-        return RenderedText(prompt, turn)
+        """The prompt text (ending with the generation prompt) and the generated turn's text
+        (rendering.py)."""
+        return self.renderer.render(completion, normalization)
 
     def render_prompt(
         self, completion: CompletionRecord, normalization: ServerNormalization | None = None
     ) -> str:
         """The prompt text alone, as `render` gives it."""
-        if normalization is None:
-            normalization = self._normalization(completion)
-        try:
-            messages, tools = normalization.prepare(
-                completion.messages, completion.tools, content_format=self.content_format
-            )
-        except NormalizationError as err:
-            raise SampleError("bad_tool_arguments", str(err)) from None
-        kwargs = normalization.template_kwargs(self._kwargs(completion))
-        return self._apply_template(messages, tools, kwargs, add_generation_prompt=True)
-
-    @property
-    def content_format(self) -> ContentFormat:
-        if self._content_format is None:
-            template = getattr(self.tokenizer, "chat_template", None)
-            self._content_format = detect_content_format(template)
-        return self._content_format
-
-    @staticmethod
-    def _normalization(completion: CompletionRecord) -> ServerNormalization:
-        try:
-            return profile_named(completion.normalization)
-        except ValueError as err:
-            raise SampleError("bad_normalization", str(err)) from None
+        return self.renderer.render_prompt(completion, normalization)
 
     def _name_normalization_drift(
         self,
@@ -299,65 +165,6 @@ class SampleBuilder:
                     cause.side, cause.position, cause.server, cause.rendered, profile.name
                 )
                 return
-
-    def _kwargs(self, completion: CompletionRecord) -> dict[str, Any]:
-        """The template kwargs the server rendered the prompt with (the record's sampling
-        says), over the family's defaults; the builder's own kwargs win."""
-        sent = (completion.sampling or {}).get("chat_template_kwargs")
-        sent = sent if isinstance(sent, Mapping) else {}
-        return {**self._default_kwargs, **sent, **self._explicit_kwargs}
-
-    # -- rendering ------------------------------------------------------------------------
-
-    def _prepare(self, message: Message) -> Message:
-        """The generated turn (rendered by the family's format, not the template): Qwen's
-        prints tool-call arguments as a mapping, so the JSON string is decoded."""
-        calls = message.get("tool_calls")
-        if self.profile.name != "qwen3" or not calls:
-            return message
-        return {**message, "tool_calls": [_decoded_arguments(call) for call in calls]}
-
-    def _apply_template(
-        self,
-        messages: list[Message],
-        tools: list[dict[str, Any]] | None,
-        kwargs: Mapping[str, Any],
-        *,
-        add_generation_prompt: bool,
-    ) -> str:
-        try:
-            text = self.tokenizer.apply_chat_template(
-                messages,
-                tools=tools or None,
-                tokenize=False,
-                add_generation_prompt=add_generation_prompt,
-                **kwargs,
-            )
-        except Exception as err:  # jinja errors, raise_exception(), bad message shapes
-            raise SampleError("template_error", f"{type(err).__name__}: {err}") from None
-        if not isinstance(text, str):
-            raise SampleError("template_error", f"template returned {type(text).__name__}")
-        return text
-
-    def _template_turn(
-        self,
-        messages: list[Message],
-        generated: Message,
-        tools: list[dict[str, Any]] | None,
-        kwargs: Mapping[str, Any],
-        prompt: str,
-    ) -> str:
-        """Unknown family: the template's rendering of the finished conversation past the
-        prompt (the generation prompt must reappear verbatim, else the turn is unknowable)."""
-        bare = self._apply_template(messages, tools, kwargs, add_generation_prompt=False)
-        full = self._apply_template(
-            [*messages, generated], tools, kwargs, add_generation_prompt=False
-        )
-        if not (prompt.startswith(bare) and full.startswith(prompt)):
-            raise SampleError(
-                "prefix_mismatch", "the rendered conversation does not extend the prompt"
-            )
-        return full[len(prompt) :]
 
     # -- tokens ---------------------------------------------------------------------------
 
@@ -444,40 +251,9 @@ class SampleBuilder:
             )
             sample.drift = not np.array_equal(rendered[0], server_all)
             if sample.drift:
-                sample.drift_position = _first_difference(rendered[0], server_all)
-                sample.drift_cause = self._drift_cause(server, rendered)
+                sample.drift_position = first_difference(rendered[0], server_all)
+                sample.drift_cause = drift_cause(self.tokenizer, server, rendered)
         return sample
-
-    def _drift_cause(self, server: tuple[Ids, Ids], rendered: tuple[Ids, int]) -> DriftCause:
-        """Only for drifted samples: two single-token decodes, no pass over the whole sample."""
-        ids, prompt_len = rendered
-        side: Literal["prompt", "turn"] = "prompt"
-        ours, theirs, offset = ids[:prompt_len], server[0], 0
-        if np.array_equal(ours, theirs):
-            side, ours, theirs, offset = "turn", ids[prompt_len:], server[1], prompt_len
-        at = _first_difference(ours, theirs)
-        server_token = int(theirs[at]) if at < len(theirs) else None
-        rendered_token = int(ours[at]) if at < len(ours) else None
-        server_text, rendered_text = (
-            self._token_text(server_token),
-            self._token_text(rendered_token),
-        )
-        if server_text is not None and server_text == rendered_text:
-            # two ids of the same text (two byte pieces shown as '\ufffd'): tell them apart
-            server_text += f" #{server_token}"
-            rendered_text = f"{rendered_text} #{rendered_token}"
-        return DriftCause(side, offset + at, server_text, rendered_text)
-
-    def _token_text(self, token: int | None) -> str | None:
-        if token is None:
-            return None
-        try:
-            text = repr(self.tokenizer.decode([token]))
-        except Exception:  # a decode failure must not cost the sample; the id still says it
-            return f"#{token}"
-        if len(text) > CAUSE_TOKEN_CHARS:
-            text = text[: CAUSE_TOKEN_CHARS - 1] + "…"
-        return text
 
     def _checked(self, sample: Sample) -> Sample | SampleError:
         top = int(sample.input_ids.max()) if len(sample.input_ids) else -1
@@ -493,157 +269,7 @@ class SampleBuilder:
         return sample
 
 
-# -- family formats of the generated turn --------------------------------------------------
-
-
-def _turn_parts(generated: Message, completion: CompletionRecord) -> tuple[str | None, str, bool]:
-    """(reasoning, content, finished): `finished` is False for a length-truncated output,
-    which has no end-of-turn token (and no think close if it stopped inside the reasoning)."""
-    reasoning = generated.get("reasoning_content")
-    content = generated.get("content") or ""
-    if not isinstance(content, str):
-        raise SampleError("bad_message", "generated content is not a string")
-    if reasoning is not None and not isinstance(reasoning, str):
-        raise SampleError("bad_message", "reasoning_content is not a string")
-    return reasoning, content, completion.finish_reason != "length"
-
-
-def _in_reasoning(content: str, generated: Message, finished: bool) -> bool:
-    """Truncated before the think block closed: nothing after the reasoning was written."""
-    return not finished and not content and not generated.get("tool_calls")
-
-
-def _kimi_turn(
-    generated: Message,
-    profile: FamilyProfile,
-    completion: CompletionRecord,
-    calls_before: int,
-    thinking: bool = True,
-) -> str:
-    """`{reasoning}</think>{content}<|tool_calls_section_begin|>…<|im_end|>` (K2.5/K2.6);
-    with thinking off the prompt closed the think block: `{content}…<|im_end|>`."""
-    reasoning, content, finished = _turn_parts(generated, completion)
-    head = "" if profile.prefills_think else profile.think_open
-    if not thinking:
-        # a parser that forced reasoning on it put the model's text in the reasoning
-        text = (reasoning or "") + content
-    elif _in_reasoning(content, generated, finished):
-        return head + (reasoning or "")
-    else:
-        text = head + (reasoning or "") + profile.think_close + content
-    calls = generated.get("tool_calls") or []
-    if calls:
-        text += "<|tool_calls_section_begin|>"
-        for index, call in enumerate(calls, start=calls_before):
-            function = _function(call)
-            arguments = function.get("arguments", "")
-            if not isinstance(arguments, str):
-                arguments = json.dumps(arguments, ensure_ascii=False)
-            text += (
-                f"<|tool_call_begin|>{_kimi_call_id(call, function, index)}"
-                f"<|tool_call_argument_begin|>{arguments}<|tool_call_end|>"
-            )
-        text += "<|tool_calls_section_end|>"
-    return text + (profile.end_of_turn if finished else "")
-
-
-def _kimi_call_id(call: Mapping[str, Any], function: Mapping[str, Any], index: int) -> str:
-    """The id as given, as the K2.5/K2.6 template prints it (SGLang's parser gives every call
-    one); a call without an id gets `functions.{name}:{index}`, as normalization gives them."""
-    given = call.get("id")
-    if isinstance(given, str) and given:
-        return given
-    return f"functions.{function.get('name', '')}:{index}"
-
-
-def _qwen_turn(
-    generated: Message, profile: FamilyProfile, completion: CompletionRecord, thinking: bool = True
-) -> str:
-    """`{reasoning}\\n</think>\\n\\n{content}<tool_call>…<|im_end|>`; with thinking off the
-    prompt closed the think block: `{content}<tool_call>…<|im_end|>`, as written.
-
-    SGLang's reasoning parser splits the output at `</think>` and strips nothing, so its
-    content starts with the newlines the model wrote after `</think>` and its reasoning ends
-    with the one before: such a turn is the model's text verbatim (whitespace, an empty or
-    absent reasoning, `</think>` in the content, all as written). A trimmed record (older
-    servers strip, datasets) gets the template's separators and trimming instead.
-    """
-    reasoning, content, finished = _turn_parts(generated, completion)
-    head = "" if profile.prefills_think else profile.think_open + "\n"
-    close = profile.think_close
-    verbatim = content.startswith("\n")
-    if not thinking:
-        # a parser that forced reasoning on it put the model's text in the reasoning
-        content = (reasoning or "") + content
-        # the separator before a tool call is in the content unless a server trimmed it
-        verbatim = content.endswith("\n")
-        text = content
-    elif _in_reasoning(content, generated, finished):
-        return head + (reasoning or "")
-    elif verbatim:
-        text = head + (reasoning or "") + close + content
-    else:
-        content = content.strip()
-        if reasoning is None and close in content:
-            # the template splits an inline think block out of the content
-            parts = content.split(close)
-            reasoning = parts[0].split(profile.think_open)[-1]
-            content = parts[-1].lstrip("\n")
-        text = head + (reasoning or "").strip() + f"\n{close}\n\n" + content
-    for position, call in enumerate(generated.get("tool_calls") or []):
-        function = _function(call)
-        if position:
-            text += "\n"
-        elif content.strip() and not verbatim:  # a verbatim content holds its separator
-            text += "\n\n"
-        text += f"<tool_call>\n<function={function.get('name', '')}>\n"
-        arguments = function.get("arguments") or {}
-        for name, value in arguments.items():
-            value_text = _qwen_value(value, profile.tool_args_json)
-            text += f"<parameter={name}>\n{value_text}\n</parameter>\n"
-        text += "</function>\n</tool_call>"
-    return text + (profile.end_of_turn if finished else "")
-
-
-def _qwen_value(value: Any, as_json: bool) -> str:
-    """As the template prints an argument: a string as is; anything else as JSON (Qwen3.6's
-    `tojson`: `true`, `null`, `3`), or with Qwen3.5's `| string` (Python's str(): `True`,
-    `None`) unless it is a mapping or a list."""
-    if isinstance(value, str):
-        return value
-    if as_json or isinstance(value, Mapping | list | tuple):
-        return json.dumps(value, ensure_ascii=False)
-    return str(value)
-
-
 # -- helpers -------------------------------------------------------------------------------
-
-
-def _function(call: Mapping[str, Any]) -> Mapping[str, Any]:
-    function = call.get("function", call)
-    if not isinstance(function, Mapping):
-        raise SampleError("bad_tool_call", f"tool call without a function: {call!r:.200}")
-    return function
-
-
-def _decoded_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
-    function = _function(call)
-    arguments = function.get("arguments")
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except ValueError as err:
-            raise SampleError("bad_tool_arguments", f"arguments are not JSON: {err}") from None
-    if arguments is None:
-        arguments = {}
-    if not isinstance(arguments, Mapping):
-        raise SampleError("bad_tool_arguments", "arguments are not a JSON object")
-    decoded = {**function, "arguments": dict(arguments)}
-    return {**call, "function": decoded} if "function" in call else decoded
-
-
-def _count_calls(messages: Iterable[Message]) -> int:
-    return sum(len(m.get("tool_calls") or []) for m in messages if m.get("role") == "assistant")
 
 
 def _server_ids(
@@ -690,9 +316,3 @@ def _same_encoding(
     if not (isinstance(a, tuple) and isinstance(b, tuple)):
         return False
     return a[1] == b[1] and np.array_equal(a[0], b[0])
-
-
-def _first_difference(a: Ids, b: Ids) -> int:
-    common = min(len(a), len(b))
-    differ = np.flatnonzero(a[:common] != b[:common])
-    return int(differ[0]) if differ.size else common

@@ -59,7 +59,7 @@ def test_shipped_template_renders_as_the_real_one(
 
 @pytest.mark.parametrize("index", range(len(REFERENCES["typescript"])))
 def test_kimi_tool_declarations_match_the_real_encoder(index: int) -> None:
-    spec = importlib.util.spec_from_file_location("tokenization_kimi", tt.KIMI_CODE)
+    spec = importlib.util.spec_from_file_location("tool_declaration_ts", tt.KIMI_TS_CODE)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

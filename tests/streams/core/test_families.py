@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from streams.core.families import detect_family
+from streams.core.families import (
+    FAMILIES,
+    GENERIC,
+    KIMI_K2,
+    QWEN3,
+    detect_family,
+    family_for_model,
+    family_named,
+    register,
+    unregister,
+)
 
 QWEN36_GENERATION = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}"
@@ -53,3 +64,18 @@ def test_qwen_argument_style_is_read_from_the_template(
 ) -> None:
     template = CHATML_END + "{%- set args_value = " + arguments + " %}" + QWEN36_GENERATION
     assert detect_family(_directory(tmp_path, template)).tool_args_json is as_json
+
+
+def test_the_registry_keeps_built_in_families_and_unique_names() -> None:
+    assert [FAMILIES[name] for name in ("kimi_k2", "qwen3", "generic")] == [KIMI_K2, QWEN3, GENERIC]
+    with pytest.raises(ValueError, match="already registered"):
+        register(replace(QWEN3, template_markers=()))
+    with pytest.raises(ValueError, match="built in"):
+        unregister("qwen3")
+    with pytest.raises(ValueError, match=r"unknown model family 'llama'; known: kimi_k2, qwen3"):
+        family_named("llama")
+    # served model names pick the family; a --family override wins
+    assert family_for_model("moonshotai/Kimi-K2.6") is KIMI_K2
+    assert family_for_model("Qwen/Qwen3.6-35B-A3B") is QWEN3
+    assert family_for_model("meta-llama/Llama-3") is GENERIC
+    assert family_for_model("Qwen/Qwen3.6", "kimi_k2") is KIMI_K2

@@ -1,64 +1,72 @@
-"""Model-family profiles: what the chat template and reasoning parser of each target family do.
+"""The known model families, and which one a chat template or a served model name is.
 
-Chosen from the tokenizer directory (overridable); facts from shared notes/model-templates.md.
+Callers ask here instead of comparing family names: `detect_family` (the tokenizer directory's or
+the `--chat-template` file's template), `family_for_model` (the name a server reports),
+`family_named` (a `--family` override). A family is one module of this package that builds a
+`FamilyProfile`; it is listed in `BUILT_IN`, or `register`ed (a test's toy family).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+
+from streams.core.families import generic, kimi_k2, qwen3
+from streams.core.families.base import FamilyProfile
 
 log = logging.getLogger(__name__)
 
+KIMI_K2 = kimi_k2.FAMILY
+QWEN3 = qwen3.FAMILY
+GENERIC = generic.FAMILY
+# detection tries them in this order; generic has no markers and is the fallback
+BUILT_IN: tuple[FamilyProfile, ...] = (KIMI_K2, QWEN3, GENERIC)
 
-@dataclass(frozen=True)
-class FamilyProfile:
-    name: str
-    # chat_template_kwargs key that turns thinking on
-    thinking_kwarg: str | None
-    # token that ends an assistant turn (and is the stop token)
-    end_of_turn: str
-    think_open: str = "<think>"
-    think_close: str = "</think>"
-    # the generation prompt already ends with `<think>` (K2.5/K2.6, Qwen3.5/3.6)
-    prefills_think: bool = False
-    # the template accepts preserve_thinking=True (keeps history reasoning)
-    preserve_thinking: bool = False
-    # SGLang --reasoning-parser name
-    reasoning_parser: str | None = None
-    tool_call_parser: str | None = None
-    # Qwen tool-call arguments that are not strings print as JSON (`true`, `null`, `3`; Qwen3.6),
-    # or with Python's str() unless a mapping or list (`True`, `None`; Qwen3.5's `| string`)
-    tool_args_json: bool = True
-
-    def template_kwargs(self, thinking: bool = True) -> dict[str, Any]:
-        return {self.thinking_kwarg: thinking} if self.thinking_kwarg else {}
+FAMILIES: dict[str, FamilyProfile] = {profile.name: profile for profile in BUILT_IN}
 
 
-KIMI_K2 = FamilyProfile(
-    name="kimi_k2",
-    thinking_kwarg="thinking",
-    end_of_turn="<|im_end|>",
-    prefills_think=True,
-    preserve_thinking=True,
-    reasoning_parser="kimi_k2",
-    tool_call_parser="kimi_k2",
-)
-QWEN3 = FamilyProfile(
-    name="qwen3",
-    thinking_kwarg="enable_thinking",
-    end_of_turn="<|im_end|>",
-    prefills_think=True,
-    preserve_thinking=True,
-    reasoning_parser="qwen3",
-    tool_call_parser="qwen3_coder",
-)
-GENERIC = FamilyProfile(name="generic", thinking_kwarg=None, end_of_turn="")
+def register(profile: FamilyProfile) -> FamilyProfile:
+    """Add a family (detected after the ones before it); its name must be new."""
+    if profile.name in FAMILIES:
+        raise ValueError(f"model family {profile.name!r} is already registered")
+    FAMILIES[profile.name] = profile
+    return profile
 
-FAMILIES = {profile.name: profile for profile in (KIMI_K2, QWEN3, GENERIC)}
+
+def unregister(name: str) -> None:
+    if any(profile.name == name for profile in BUILT_IN):
+        raise ValueError(f"model family {name!r} is built in")
+    FAMILIES.pop(name, None)
+
+
+@contextmanager
+def registered(profile: FamilyProfile) -> Iterator[FamilyProfile]:
+    """The family is known inside the block only (tests)."""
+    register(profile)
+    try:
+        yield profile
+    finally:
+        unregister(profile.name)
+
+
+def family_named(name: str) -> FamilyProfile:
+    if name not in FAMILIES:
+        raise ValueError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}")
+    return FAMILIES[name]
+
+
+def family_for_model(model: str, override: str | None = None) -> FamilyProfile:
+    """The family of a served model name (`--family` wins); generic when none matches."""
+    if override:
+        return family_named(override)
+    for profile in FAMILIES.values():
+        if profile.matches_model(model):
+            return profile
+    return GENERIC
 
 
 class TokenizerDirError(ValueError):
@@ -92,13 +100,10 @@ def detect_family(
     if template is None:
         template = read_chat_template(tokenizer_dir)
     if override:
-        if override not in FAMILIES:
-            raise ValueError(f"unknown model family {override!r}; known: {', '.join(FAMILIES)}")
-        return _refine(FAMILIES[override], template)
-    if "<|im_assistant|>" in template and "<|im_middle|>" in template:
-        return _refine(KIMI_K2, template)
-    if "<|im_start|>" in template and "<|im_end|>" in template:
-        return _refine(QWEN3, template)
+        return _refine(family_named(override), template)
+    for profile in FAMILIES.values():
+        if profile.matches_template(template):
+            return _refine(profile, template)
     log.warning(
         "chat template in %s matches no known model family; using the generic profile",
         tokenizer_dir,
@@ -109,8 +114,6 @@ def detect_family(
 def _refine(profile: FamilyProfile, template: str) -> FamilyProfile:
     """Older family members differ: K2-Thinking / Qwen3 do not prefill <think>; Qwen3.5 prints
     scalar tool arguments with `| string`."""
-    from dataclasses import replace
-
     if not template:
         return profile
     return replace(

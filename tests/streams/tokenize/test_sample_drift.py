@@ -1,0 +1,166 @@
+"""SampleBuilder: the server's ids kept as given; drift against the rendering, with its cause."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streams.core.records import CompletionRecord
+from streams.core.serving import NEWEST
+from streams.tokenize.drift import drift_cause
+from streams.tokenize.sample_types import Ids
+from streams.tokenize.samples import (
+    DriftCause,
+    Sample,
+    SampleBuilder,
+    SampleError,
+)
+from tests.ids import as_list
+from tests.streams.tokenize.sample_cases import (
+    SETTINGS,
+    Family,
+    completions,
+    drifted,
+    one_token,
+    with_server_ids,
+)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_server_ids_are_kept_as_given(fam: Family, data: st.DataObject) -> None:
+    vocab = len(fam.tokenizer)
+    prompt_ids = data.draw(st.lists(st.integers(0, vocab - 1), max_size=40))
+    output_ids = data.draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=40))
+    completion = replace(
+        data.draw(completions()), prompt_token_ids=prompt_ids, output_token_ids=output_ids
+    )
+    sample = fam.builder(measure_drift=False).build(completion)
+    assert sample.token_source == "server"
+    assert as_list(sample.input_ids) == prompt_ids + output_ids
+    assert as_list(sample.loss_mask) == [0] * len(prompt_ids) + [1] * len(output_ids)
+    assert sample.drift is None and sample.drift_position is None
+
+
+@SETTINGS
+@given(data=st.data())
+def test_drift_is_measured_against_the_rendering(fam: Family, data: st.DataObject) -> None:
+    completion = with_server_ids(fam, data.draw(completions()))
+    assert completion.prompt_token_ids is not None and completion.output_token_ids is not None
+    same = fam.builder().build(completion)
+    assert (same.token_source, same.drift, same.drift_position) == ("server", False, None)
+
+    position = data.draw(st.integers(0, len(completion.output_token_ids) - 1))
+    output = list(completion.output_token_ids)
+    output[position] = (output[position] + 1) % len(fam.tokenizer)
+    drifted = replace(completion, output_token_ids=output)
+    sample = fam.builder().build(drifted)
+    assert (
+        as_list(sample.input_ids) == as_list(completion.prompt_token_ids) + output
+    )  # still the server's
+    assert sample.drift is True
+    assert sample.drift_position == len(as_list(completion.prompt_token_ids)) + position
+    assert sample.drift_cause is not None and sample.drift_cause.side == "turn"
+    assert sample.drift_cause.position == sample.drift_position
+
+    rendered = fam.builder(prefer="rendered").build(drifted)
+    assert rendered.token_source == "rendered" and rendered.drift is True
+    assert as_list(rendered.input_ids) == as_list(completion.prompt_token_ids) + as_list(
+        completion.output_token_ids
+    )
+
+
+def test_prompt_drift_names_the_prompt_and_the_tokens(fam: Family) -> None:
+    completion, prompt, _ = drifted(fam)
+    im_end = one_token(fam, "<|im_end|>")
+    at = prompt.index(im_end)  # the end of the user's turn
+    prompt[at] = one_token(fam, "</think>")  # the server's prompt has another token there
+    sample = fam.builder().build(replace(completion, prompt_token_ids=prompt))
+    assert sample.drift_cause == DriftCause("prompt", at, "'</think>'", "'<|im_end|>'")
+    assert str(sample.drift_cause) == f"prompt: at {at} server '</think>' vs rendered '<|im_end|>'"
+    assert sample.drift_cause.key == "prompt: server '</think>' vs rendered '<|im_end|>'"
+
+
+def test_turn_drift_names_the_turn_and_the_tokens(fam: Family) -> None:
+    completion, prompt, output = drifted(fam)
+    original = output[1]
+    output[1] = one_token(fam, "\n")
+    sample = fam.builder().build(replace(completion, output_token_ids=output))
+    rendered = repr(fam.tokenizer.decode([original]))
+    assert sample.drift_cause == DriftCause("turn", len(prompt) + 1, "'\\n'", rendered)
+    assert sample.drift_cause.key == f"turn: server '\\n' vs rendered {rendered}"
+
+
+def test_a_missing_end_of_turn_is_a_length_drift(fam: Family) -> None:
+    completion, prompt, output = drifted(fam)
+    assert output[-1] == one_token(fam, "<|im_end|>")
+    sample = fam.builder().build(replace(completion, output_token_ids=output[:-1]))
+    cause = sample.drift_cause
+    assert cause == DriftCause("turn", len(prompt) + len(output) - 1, None, "'<|im_end|>'")
+    assert cause.key == "turn length: server (end) vs rendered '<|im_end|>'"
+
+
+def test_a_long_token_is_cut_and_same_texts_show_their_ids() -> None:
+    class Decoder:
+        def decode(self, ids: list[int]) -> str:
+            return "x" * 100 if ids[0] == 1 else "\ufffd"
+
+    def ids(*values: int) -> Ids:
+        return np.array(values, dtype=np.int32)
+
+    long = drift_cause(Decoder(), (ids(1, 5), ids(9)), (ids(2, 5, 9), 2))
+    assert long.side == "prompt" and long.position == 0
+    assert long.server is not None and len(long.server) == 40 and long.server.endswith("…")
+    same = drift_cause(Decoder(), (ids(1, 5), ids(3)), (ids(1, 5, 4), 2))
+    assert (same.server, same.rendered) == ("'\ufffd' #3", "'\ufffd' #4")
+
+
+def test_server_ids_skip_rendering_when_drift_is_off(fam: Family) -> None:
+    class NoRendering:
+        """A tokenizer that must not be used for rendering or encoding."""
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+            self.added_tokens_decoder = inner.added_tokens_decoder
+
+        def __len__(self) -> int:
+            return len(self.inner)
+
+        def __getattr__(self, name: str) -> Any:
+            raise AssertionError(f"tokenizer.{name} used")
+
+    builder = SampleBuilder(NoRendering(fam.tokenizer), fam.profile, measure_drift=False)
+    completion = CompletionRecord(
+        prompt_id="p",
+        messages=[{"role": "user", "content": "hi"}],
+        prompt_token_ids=[1, 2, 3],
+        output_token_ids=[4, 5],
+    )
+    assert (
+        builder.build_many([completion] * 3)
+        == [Sample([1, 2, 3, 4, 5], [0, 0, 0, 1, 1], "server", normalization=NEWEST.name)] * 3
+    )
+
+
+def test_drift_not_measured_when_rendering_fails(families: dict[str, Family]) -> None:
+    qwen = families["qwen36"]  # its template refuses a conversation without a user query
+    completion = CompletionRecord(
+        prompt_id="p",
+        messages=[{"role": "system", "content": "no user turn"}],
+        content="x",
+        prompt_token_ids=[1, 2],
+        output_token_ids=[3, 4],
+    )
+    sample = qwen.builder().build(completion)
+    assert sample.token_source == "server" and sample.drift is None
+    with pytest.raises(SampleError) as err:
+        qwen.builder(prefer="rendered").build(completion)
+    assert err.value.kind == "template_error"
+
+
+# --- errors --------------------------------------------------------------------------------
