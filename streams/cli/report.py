@@ -6,16 +6,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 from pathlib import Path
-from typing import Any
 
 from streams.cli.flags import add_flags, build
 from streams.core.settings import KafkaSettings, ReportSettings
 
 
-def register(commands: Any) -> None:
-    parser = commands.add_parser(
-        "report", help="what a dataset version holds: JSON, PNG plots, one HTML page"
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, ReportSettings, skip=["kafka"])
     # the broker is optional here and only read: no --partitions
     add_flags(parser, KafkaSettings, only=["bootstrap", "topic_prefix"])

@@ -5,16 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import Any
 
 from streams.cli.flags import add_flags, build
 from streams.core.settings import SealSettings
 
 
-def register(commands: Any) -> None:
-    parser = commands.add_parser(
-        "seal", help="wait until a dataset version has caught up, then write its manifest"
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, SealSettings)
     parser.set_defaults(handler=run)
 

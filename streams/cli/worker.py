@@ -18,8 +18,7 @@ from streams.core.settings import (
 )
 
 
-def register(commands: Any) -> None:
-    worker = commands.add_parser("worker", help="run one pipeline worker")
+def add_arguments(worker: argparse.ArgumentParser) -> None:
     workers = worker.add_subparsers(dest="worker", required=True, parser_class=type(worker))
     generate = workers.add_parser(
         "generate", help="one generation worker bound to one SGLang server"

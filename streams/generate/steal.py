@@ -28,6 +28,7 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from streams.core import retry
 from streams.core.retry import Backoff, short_error
 from streams.core.settings import KafkaSettings, generate_window
 from streams.generate.once import OnceGenerateWorker
@@ -53,7 +54,7 @@ class Stealer:
         # between two looks at the backlogs that found nothing to take (or failed): each look
         # is an admin call; short enough that a worker idle since long still joins the end of
         # a run within a couple of seconds
-        self.backoff = backoff or Backoff(initial_s=0.5, max_s=2.0)
+        self.backoff = backoff or retry.backoff("steal")
         once = worker.once
         self.idle_s = once.steal_after_s
         # offsets this worker took already, by partition (those below the committed offset
