@@ -201,7 +201,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
         bootstrap = getattr(args, "bootstrap", None) or (
             local.bootstrap if local else stack.start_kafka()
         )
-        servers = settings.server_urls or [
+        servers = settings.servers or [
             stack.start_emulator(
                 tokenizer,
                 "--tokens-per-s",
@@ -210,7 +210,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
                 str(index),
                 name=f"emulator-{index}",
             )
-            for index in range(settings.servers)
+            for index in range(settings.emulated_servers)
         ]
         kafka = build(KafkaSettings, args, bootstrap=bootstrap)
         summary = asyncio.run(

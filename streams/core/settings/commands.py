@@ -59,14 +59,17 @@ class LogSettings(Settings):
 class RunSettings(Settings):
     """`draftgen run`: what to start when it is not given."""
 
-    server_urls: list[ServerUrl] = setting(
+    servers: list[ServerUrl] = setting(
         default_factory=list,
         cli=True,
-        aliases=("--server",),
         help="an SGLang server URL, repeatable (default: start emulated servers)",
     )
-    servers: int = setting(
-        2, cli=True, help="how many emulated servers to start when no --server", gt=0
+    emulated_servers: int = setting(
+        2,
+        cli=True,
+        aliases=("--servers",),
+        help="how many emulated servers to start when no --server",
+        gt=0,
     )
     out: OutputRoot | None = setting(None, cli=True, help="output root (default: runs/<time>/out)")
     dataset: DatasetName = dataset_setting(default="sample")
