@@ -19,12 +19,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    settings = build(ExportSettings, args)  # first: a bad setting is said before the imports
     from sinks.reader import DatasetReader
     from sinks.shards import ShardStore
     from streams.ops.conversations import CompletionsJoin
     from streams.ops.export import ExportRules, FileSplit, export
 
-    settings = build(ExportSettings, args)
     if Path(settings.output).exists():
         raise CliError(f"--output {settings.output} exists; remove it or choose another")
     if settings.format == "conversations" and settings.kafka is None:
