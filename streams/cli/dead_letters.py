@@ -1,5 +1,5 @@
 """`draftgen dead-letters`: dead letters by stage and reason, and every failed prompt (prompt id,
-source id, stage, reason; `--json` too); re-publish them after a fix."""
+source id, stage, reason; `--as-json` too); re-publish them after a fix."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ COMMANDS = {
     ),
     "seal": ("seal", "wait until a dataset version has caught up, then write its manifest"),
     "dead-letters": ("dead_letters", "list dead letters; re-publish after a fix"),
-    "status": ("status", "where a run stands; --watch refreshes"),
+    "status": ("status", "where a run stands; --watch-s refreshes"),
     "export": (
         "export",
         "a dataset version as a trainer's input (specforge, hf, parquet, conversations)",

@@ -317,10 +317,10 @@ def print_next_steps(
         return
     print(f"  where it stands:   {command('status', '--out', out, needs_broker=True)}")
     print(f"  failed prompts:    {command('dead-letters', needs_broker=True)}")
-    replay = ["--out", out, "--dataset", f"{dataset}-v2", "--tokenizer", tokenizer]
+    replay = ["--out", out, "--dataset", f"{dataset}-v2", "--tokenizer-dir", tokenizer]
     print(
         f"  rebuild (replay):  {command('replay', *replay, needs_broker=True)}"
-        "   (add --chat-template FILE; it keeps following new completions: Ctrl-C when done)"
+        "   (add --chat-template-file FILE; it keeps following new completions: Ctrl-C when done)"
     )
     print(f"  seal the version:  {command('seal', *where, needs_broker=True)}")
     if broker is None:

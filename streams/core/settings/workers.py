@@ -64,7 +64,7 @@ class GenerateSettings(Settings):
     api: GenerateApi = setting(
         "chat",
         cli=True,
-        help="chat: /v1/chat/completions; native: render the prompt with --tokenizer and post "
+        help="chat: /v1/chat/completions; native: render the prompt with --tokenizer-dir and post "
         "its ids to SGLang's /generate, so the output ids are exact on any server version",
     )
     tokenizer_dir: TokenizerDir | None = setting(
@@ -100,7 +100,7 @@ class GenerateSettings(Settings):
     @model_validator(mode="after")
     def _native_needs_a_tokenizer(self) -> GenerateSettings:
         if self.api == "native" and not self.tokenizer_dir:
-            raise ValueError("--api native needs --tokenizer (the target's tokenizer directory)")
+            raise ValueError("--api native needs --tokenizer-dir (the target's tokenizer)")
         return self
 
 
