@@ -17,14 +17,14 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from sinks.shards import SampleRow, ShardMarker, ShardStore
 from streams.core.faust_app import Event
-from streams.core.retry import Backoff, until_done
+from streams.core.retry import Backoff, backoff, until_done
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 # waits out a storage outage: 1 s, 2 s, … up to a minute between attempts
-STORAGE_BACKOFF = Backoff(initial_s=1.0, max_s=60.0)
+STORAGE_BACKOFF = backoff("outage")
 # windows flushed at once: one building while the next is prepared (the encoder is parallel
 # already); intake waits beyond this, so memory stays bounded
 MAX_FLUSHING = 2

@@ -1,18 +1,16 @@
 """`draftgen dead-letters`: dead letters by stage and reason, and every failed prompt (prompt id,
-source id, stage, reason; `--json` too); re-publish them after a fix."""
+source id, stage, reason; `--as-json` too); re-publish them after a fix."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-from typing import Any
 
 from streams.cli.flags import add_flags, build
 from streams.core.settings import DeadLetterSelection, KafkaSettings
 
 
-def register(commands: Any) -> None:
-    parser = commands.add_parser("dead-letters", help="list dead letters; re-publish after a fix")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, DeadLetterSelection)
     add_flags(parser, KafkaSettings)
     parser.set_defaults(handler=run)

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 
-def register(commands: Any) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     from compose.emulator.settings import add_emulator_arguments
 
-    parser = commands.add_parser("emulate-server", help="an SGLang-compatible emulated server")
     add_emulator_arguments(parser)
     parser.set_defaults(handler=run)
 

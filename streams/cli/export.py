@@ -5,18 +5,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from streams.cli.flags import add_flags, build
 from streams.core.errors import CliError
 from streams.core.settings import ExportSettings, KafkaSettings
 
 
-def register(commands: Any) -> None:
-    parser = commands.add_parser(
-        "export",
-        help="a dataset version as a trainer's input (specforge, hf, parquet, conversations)",
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, ExportSettings, skip=["kafka"])
     # the broker, for --format conversations only, and only read: no --partitions
     add_flags(parser, KafkaSettings, only=["bootstrap", "topic_prefix"])
@@ -24,12 +19,12 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    settings = build(ExportSettings, args)  # first: a bad setting is said before the imports
     from sinks.reader import DatasetReader
     from sinks.shards import ShardStore
     from streams.ops.conversations import CompletionsJoin
     from streams.ops.export import ExportRules, FileSplit, export
 
-    settings = build(ExportSettings, args)
     if Path(settings.output).exists():
         raise CliError(f"--output {settings.output} exists; remove it or choose another")
     if settings.format == "conversations" and settings.kafka is None:
@@ -46,9 +41,9 @@ def run(args: argparse.Namespace) -> int:
         finish_reasons=frozenset(settings.finish_reasons),
         min_len=settings.min_len,
         max_len=settings.max_len,
-        max_seq_len=settings.max_seq_len,
-        over_max_seq_len=settings.over_max_seq_len,
-        min_loss_run=settings.min_loss_run,
+        max_seq_len=settings.cut.max_seq_len,
+        over_max_seq_len=settings.cut.on_max_seq_len,
+        min_loss_run=settings.cut.min_loss_run,
     )
     split = FileSplit(rows=settings.rows_per_file, tokens=settings.tokens_per_file)
     join = None

@@ -1,9 +1,11 @@
-"""Command-line flags derived from the settings classes (streams/core/settings.py).
+"""Command-line flags derived from the settings classes (streams/core/settings/).
 
-A field with `flag=` becomes an option; its type, choices, range and default come from the
-field, so a setting is declared in one place. Flags left out on the command line stay unset,
-so the environment (`DRAFTGEN_…`) and then the default apply, in that order. A bad value or a
-missing required setting is one line naming the flag and its environment variable.
+A field declared with `cli=True` becomes an option spelled as its name (`flag_of`: dashes for
+underscores, `--no-` for a bool that defaults to True, the singular for a list given once per
+item); its type, choices, range and default come from the field, so a setting is declared in
+one place. Earlier spellings (`aliases`) are still accepted. Flags left out on the command line
+stay unset, so the environment (`DRAFTGEN_…`) and then the default apply, in that order. A bad
+value or a missing required setting is one line naming the flag and its environment variable.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import types
 import typing
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import orjson
 from pydantic import AliasChoices, ConfigDict, TypeAdapter, ValidationError
@@ -26,7 +28,12 @@ from streams.core.errors import CliError
 S = TypeVar("S", bound=BaseSettings)
 # how pydantic introduces the message of a validator's ValueError
 _VALUE_ERROR = "Value error, "
-Adder = argparse.ArgumentParser | argparse._ArgumentGroup
+
+
+class Adder(Protocol):
+    """A parser or an argument group: what options are added to."""
+
+    def add_argument(self, *names: str, **options: Any) -> Any: ...
 
 
 def _extra(field: FieldInfo) -> dict[str, Any]:
@@ -48,6 +55,18 @@ def _base_type(annotation: Any) -> Any:
         arms = [a for a in typing.get_args(annotation) if a is not type(None)]
         return arms[0] if len(arms) == 1 else annotation
     return annotation
+
+
+def flag_of(name: str, field: FieldInfo) -> str | None:
+    """The command-line spelling of a field, None when it has no flag."""
+    if not _extra(field).get("cli"):
+        return None
+    annotation = _base_type(field.annotation)
+    if annotation is bool and field.default is True:
+        return f"--no-{name.replace('_', '-')}"
+    if typing.get_origin(annotation) is list:
+        name = name.removesuffix("s")
+    return f"--{name.replace('_', '-')}"
 
 
 def env_names(cls: type[BaseSettings], name: str) -> list[str]:
@@ -101,7 +120,7 @@ def add_flags(
             add_flags(parser, nested)
             continue
         extra = _extra(field)
-        flag = extra.get("flag")
+        flag = flag_of(name, field)
         if flag is None:
             continue
         help_text = extra.get("help", "")
@@ -109,7 +128,7 @@ def add_flags(
         options: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS}
         if annotation is bool:
             # `--no-x` turns a default-on setting off; `--x` turns a default-off one on
-            options.update(action="store_const", const=not flag.startswith("--no-"))
+            options.update(action="store_const", const=field.default is not True)
         elif typing.get_origin(annotation) is list:
             options.update(action="append", metavar=name.rstrip("s").upper())
         else:
@@ -125,7 +144,7 @@ def add_flags(
             shown = not field.is_required() and field.default not in (None, "")
             if shown and "default" not in help_text:
                 help_text = f"{help_text} (default {field.default})".lstrip()
-        parser.add_argument(flag, help=help_text or None, **options)
+        parser.add_argument(flag, *extra.get("aliases", ()), help=help_text or None, **options)
 
 
 def given(
@@ -143,7 +162,7 @@ def given(
             inner = given(args, nested)
             if inner:
                 values[name] = inner
-        elif "flag" in _extra(field) and name in vars(args):
+        elif flag_of(name, field) and name in vars(args):
             values[name] = getattr(args, name)
     return values
 
@@ -195,7 +214,7 @@ def describe(cls: type[BaseSettings], err: ValidationError) -> str:
     owner, name = _locate(cls, [str(part) for part in first["loc"]])
     if owner is None or name is None:
         return f"invalid settings: {first['msg']}"
-    flag = _extra(owner.model_fields[name]).get("flag")
+    flag = flag_of(name, owner.model_fields[name])
     names = env_names(owner, name)
     if first["type"] == "missing":
         if flag == "--bootstrap":  # the one setting the local stack can give

@@ -8,40 +8,37 @@ import faulthandler
 import logging
 import signal
 import sys
+import typing
 from collections.abc import Callable, Sequence
+from importlib import import_module
 from typing import NoReturn
 
-from streams.cli import (
-    dead_letters,
-    emulate,
-    export,
-    publish,
-    replay,
-    report,
-    run,
-    seal,
-    stack,
-    status,
-    worker,
-)
-from streams.cli.flags import add_flags, build
 from streams.core.errors import CliError
 from streams.core.outage import quiet_repeats, short_error
-from streams.core.settings import LogSettings
+from streams.core.settings.names import LogLevel
 
-COMMANDS = (
-    run,
-    publish,
-    worker,
-    replay,
-    seal,
-    dead_letters,
-    status,
-    export,
-    report,
-    emulate,
-    stack,
-)
+# name: (module under streams.cli, help). A command's module, and the settings classes its
+# flags come from (pydantic), are imported only when that command is chosen: `draftgen --help`
+# and a one-shot command start without the others' imports.
+COMMANDS = {
+    "run": ("run", "the whole pipeline in one command"),
+    "publish": ("publish", "publish prompt sources to the prompts topic"),
+    "worker": ("worker", "run one pipeline worker"),
+    "replay": (
+        "replay",
+        "build a new dataset version from the stored completions (nothing regenerated)",
+    ),
+    "seal": ("seal", "wait until a dataset version has caught up, then write its manifest"),
+    "dead-letters": ("dead_letters", "list dead letters; re-publish after a fix"),
+    "status": ("status", "where a run stands; --watch-s refreshes"),
+    "export": (
+        "export",
+        "a dataset version as a trainer's input (specforge, hf, parquet, conversations)",
+    ),
+    "report": ("report", "what a dataset version holds: JSON, PNG plots, one HTML page"),
+    "emulate-server": ("emulate", "an SGLang-compatible emulated server"),
+    "stack": ("stack", "a local Kafka and S3 that stay up: up, down, status"),
+}
 
 
 class Parser(argparse.ArgumentParser):
@@ -49,12 +46,36 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def chosen_command(argv: Sequence[str]) -> str | None:
+    """The command named in `argv` (the first word that is not the global option's)."""
+    words = iter(argv)
+    for word in words:
+        if word == "--log-level":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; with `argv`, only the command it names gets its flags (the others are named
+    with their help, enough for `draftgen --help` and for argparse's choice errors)."""
     parser = Parser(prog="draftgen", description=__doc__)
-    add_flags(parser, LogSettings)
+    # LogSettings.log_level's flag, spelled here so that the parser needs no settings class
+    # (pydantic); `main` validates it through LogSettings all the same.
+    parser.add_argument(
+        "--log-level",
+        choices=typing.get_args(LogLevel),
+        type=str.upper,
+        default=argparse.SUPPRESS,
+        help="(default WARNING)",
+    )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for command in COMMANDS:
-        command.register(commands)
+    wanted = chosen_command(argv) if argv is not None else None
+    for name, (module, help_text) in COMMANDS.items():
+        command = commands.add_parser(name, help=help_text)
+        if argv is None or name == wanted:
+            import_module(f"streams.cli.{module}").add_arguments(command)
     return parser
 
 
@@ -104,13 +125,16 @@ def _configure_logging(level: str, command: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(words).parse_args(words)
     # `kill -USR1 <pid>` prints every thread's stack: the first thing to look at in a stall.
     with contextlib.suppress(ValueError, OSError, AttributeError):  # stderr without a file
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
+        from streams.cli.flags import build
+        from streams.core.settings import LogSettings
+
         args.log_level = build(LogSettings, args).log_level
         _configure_logging(args.log_level, args.command)
         return handler(args)

@@ -11,8 +11,7 @@ from streams.core.errors import CliError
 from streams.core.settings import KafkaSettings, PublishSettings, StorageSettings
 
 
-def register(commands: Any) -> None:
-    parser = commands.add_parser("publish", help="publish prompt sources to the prompts topic")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "sources",
         nargs="*",

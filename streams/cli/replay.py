@@ -41,11 +41,7 @@ def check(existing: dict[str, Any] | None, settings: TokenizeSettings) -> dict[s
     return REPLAY_MANIFEST
 
 
-def register(commands: Any) -> None:
-    parser = commands.add_parser(
-        "replay",
-        help="build a new dataset version from the stored completions (nothing regenerated)",
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_tokenize_flags(parser)
     add_flags(parser, ReplaySettings)
     parser.set_defaults(handler=run)

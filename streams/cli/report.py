@@ -6,16 +6,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 from pathlib import Path
-from typing import Any
 
 from streams.cli.flags import add_flags, build
 from streams.core.settings import KafkaSettings, ReportSettings
 
 
-def register(commands: Any) -> None:
-    parser = commands.add_parser(
-        "report", help="what a dataset version holds: JSON, PNG plots, one HTML page"
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, ReportSettings, skip=["kafka"])
     # the broker is optional here and only read: no --partitions
     add_flags(parser, KafkaSettings, only=["bootstrap", "topic_prefix"])
@@ -23,12 +19,12 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    settings = build(ReportSettings, args)  # first: a bad setting is said before the imports
     from sinks.reader import DatasetReader
     from sinks.shards import ShardStore
     from streams.ops.report import build_report, collect, load_report_tokenizer, read_kafka_facts
     from streams.ops.report_render import write_report
 
-    settings = build(ReportSettings, args)
     options = settings.storage.storage_options()
     reader = DatasetReader(ShardStore(settings.storage.out, settings.dataset, options), options)
     info = reader.info()

@@ -20,7 +20,7 @@ from streams.cli.flags import add_flags, build
 from streams.cli.publish import source_specs
 from streams.core.errors import CliError
 from streams.core.records import POLICY_PREFIX, is_policy_drop
-from streams.core.retry import Backoff, until_done
+from streams.core.retry import backoff, until_done
 from streams.core.settings import (
     GenerateSettings,
     KafkaSettings,
@@ -53,7 +53,7 @@ def bundled_tokenizer_dir() -> Path:
 
 log = logging.getLogger(__name__)
 # polling progress: retried quickly, the run's timeout bounds it
-STORAGE_BACKOFF = Backoff(initial_s=0.5, max_s=5.0)
+STORAGE_BACKOFF = backoff("poll")
 
 
 @dataclass
@@ -152,8 +152,7 @@ TOKENIZE_STAGE = "tokenize"
 TOKENIZE_FLAGS = ("measure_drift", "policy")
 
 
-def register(commands: Any) -> None:
-    parser = commands.add_parser("run", help="the whole pipeline in one command")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sources", nargs="*", help="prompt sources (default: the bundled samples)")
     add_flags(parser, RunSettings)
     add_flags(parser, KafkaSettings)
@@ -191,7 +190,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
     publishing = build(PublishSettings, args)
     workdir = Path(settings.workdir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")).resolve()
     out = settings.out or str(workdir / "out")
-    tokenizer = str(settings.tokenizer or bundled_tokenizer_dir())
+    tokenizer = str(settings.tokenizer_dir or bundled_tokenizer_dir())
     load_tokenizer(tokenizer)  # refuse to start on a bad tokenizer directory, before any service
     specs = source_specs(args.sources)
     storage = StorageSettings(out=out)
@@ -202,7 +201,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
         bootstrap = getattr(args, "bootstrap", None) or (
             local.bootstrap if local else stack.start_kafka()
         )
-        servers = settings.server_urls or [
+        servers = settings.servers or [
             stack.start_emulator(
                 tokenizer,
                 "--tokens-per-s",
@@ -211,7 +210,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
                 str(index),
                 name=f"emulator-{index}",
             )
-            for index in range(settings.servers)
+            for index in range(settings.emulated_servers)
         ]
         kafka = build(KafkaSettings, args, bootstrap=bootstrap)
         summary = asyncio.run(
@@ -318,10 +317,10 @@ def print_next_steps(
         return
     print(f"  where it stands:   {command('status', '--out', out, needs_broker=True)}")
     print(f"  failed prompts:    {command('dead-letters', needs_broker=True)}")
-    replay = ["--out", out, "--dataset", f"{dataset}-v2", "--tokenizer", tokenizer]
+    replay = ["--out", out, "--dataset", f"{dataset}-v2", "--tokenizer-dir", tokenizer]
     print(
         f"  rebuild (replay):  {command('replay', *replay, needs_broker=True)}"
-        "   (add --chat-template FILE; it keeps following new completions: Ctrl-C when done)"
+        "   (add --chat-template-file FILE; it keeps following new completions: Ctrl-C when done)"
     )
     print(f"  seal the version:  {command('seal', *where, needs_broker=True)}")
     if broker is None:

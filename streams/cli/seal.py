@@ -5,25 +5,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import Any
 
 from streams.cli.flags import add_flags, build
 from streams.core.settings import SealSettings
 
 
-def register(commands: Any) -> None:
-    parser = commands.add_parser(
-        "seal", help="wait until a dataset version has caught up, then write its manifest"
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, SealSettings)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    settings = build(SealSettings, args)  # first: a bad setting is said before the imports
     from sinks.shards import ShardStore
     from streams.ops.seal import seal
 
-    settings = build(SealSettings, args)
     storage = settings.storage
     store = ShardStore(storage.out, settings.dataset, storage.storage_options())
 

@@ -6,7 +6,6 @@ them through the state file (streams/core/stack_state.py) when no `--bootstrap` 
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from streams.cli.flags import add_flags, build
 from streams.core.settings import StackSettings
@@ -14,10 +13,7 @@ from streams.core.settings import StackSettings
 ACTIONS = ("up", "down", "status", "serve")
 
 
-def register(commands: Any) -> None:
-    parser = commands.add_parser(
-        "stack", help="a local Kafka and S3 that stay up: up, down, status"
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "action",
         choices=ACTIONS,

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from streams.cli.flags import add_flags, build
 from streams.core.settings import StatusSettings
 
 
-def register(commands: Any) -> None:
-    parser = commands.add_parser("status", help="where a run stands; --watch refreshes")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, StatusSettings)
     parser.set_defaults(handler=run)
 

@@ -18,8 +18,7 @@ from streams.core.settings import (
 )
 
 
-def register(commands: Any) -> None:
-    worker = commands.add_parser("worker", help="run one pipeline worker")
+def add_arguments(worker: argparse.ArgumentParser) -> None:
     workers = worker.add_subparsers(dest="worker", required=True, parser_class=type(worker))
     generate = workers.add_parser(
         "generate", help="one generation worker bound to one SGLang server"
@@ -41,14 +40,15 @@ def add_tokenize_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from streams.core.faust_app import run_worker
-    from streams.core.topics import prepare_topics
-    from streams.generate.app import build_generate_app
-
     file = settings_file(args)
     settings = build(GenerateSettings, args, base=file.get("generate"))
     once = build(OnceSettings, args, base=file.get("once"))
     observe = build(ObserveSettings, args, base=file.get("observe"))
+    # the worker's own imports (faust, aiokafka) after its settings: a bad one is said at once
+    from streams.core.faust_app import run_worker
+    from streams.core.topics import prepare_topics
+    from streams.generate.app import build_generate_app
+
     # the replication resolved for this cluster (for faust's own topics too), and the topics'
     # own message limit: the idempotent producer cannot get past a batch the broker refused
     settings = settings.model_copy(update={"kafka": asyncio.run(prepare_topics(settings.kafka))})
@@ -63,6 +63,9 @@ def run_tokenize(
 ) -> int:
     """A tokenize worker; `check(existing manifest, settings)` may refuse the dataset version
     (a CliError) or add to the manifest written at start (replay does both)."""
+    file = settings_file(args)
+    settings = build(TokenizeSettings, args, base=file.get("tokenize"))
+    observe = build(ObserveSettings, args, base=file.get("observe"))
     from sinks.shards import ShardStore
     from streams.core.faust_app import run_worker
     from streams.core.memory import limit_malloc_arenas
@@ -70,9 +73,6 @@ def run_tokenize(
     from streams.core.topics import prepare_topics
     from streams.tokenize.app import build_tokenize_app, manifest
 
-    file = settings_file(args)
-    settings = build(TokenizeSettings, args, base=file.get("tokenize"))
-    observe = build(ObserveSettings, args, base=file.get("observe"))
     limit_malloc_arenas()  # before the tokenizer's and the worker's threads
     loaded = load_tokenizer(settings.tokenizer_dir, settings.chat_template_file, settings.family)
     out = settings.storage.out

@@ -45,9 +45,14 @@ def _credentials(kafka: KafkaSettings) -> faust.types.auth.CredentialsT | None:
 
 
 class _IdempotentProducer(faust_aiokafka.Producer):
-    """faust's aiokafka producer, always idempotent: faust turns idempotence on only inside a
-    transaction, through this hook for the producer's extra options. With acks=all a write
-    retried after a broker is lost (or a leader moves) is stored once, in order."""
+    """faust's aiokafka producer, always idempotent. With acks=all a write retried after a
+    broker is lost (or a leader moves) is stored once, in order.
+
+    The one private faust hook this project keeps: faust has no public setting for it
+    (`producer_acks` sets acks; idempotence comes only with processing_guarantee=exactly_once,
+    which also makes every send transactional, and the pipeline commits its own offsets), so
+    the producer's extra options are extended here, as faust itself does inside a transaction.
+    tests/streams/core/test_replication.py fails if faust stops calling this hook."""
 
     def _settings_extra(self) -> Mapping[str, Any]:
         return {**super()._settings_extra(), "acks": "all", "enable_idempotence": True}
@@ -158,9 +163,10 @@ def run_worker(app: faust.App, loglevel: str = "WARNING") -> None:
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _dump_tasks)
 
     class QuietWorker(Worker):
-        def _setup_logging(self) -> None:
-            super()._setup_logging()  # mode replaces the root handlers: filter the new ones
-            quiet_repeats()
+        def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
+            # mode's signal after it replaced the root handlers: filter the new ones
+            super().on_setup_root_logger(logger, level)
+            quiet_repeats(logger)
 
     logging.getLogger("faust").setLevel(loglevel)
     try:

@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from streams.core import retry
 from streams.core.retry import Backoff, until_done
 from streams.core.settings import GENERATED, KafkaSettings
 from streams.core.topic_reader import TopicReader
@@ -100,7 +101,7 @@ class LedgerFollower:
         self.kafka = kafka
         self.settings: frozenset[str] | None = None if settings is None else frozenset([settings])
         self.poll_ms = poll_ms
-        self.backoff = backoff or Backoff(initial_s=1.0, max_s=30.0)
+        self.backoff = backoff or retry.backoff("ledger")
         self.keys: set[str] = set()
         self.caught_up = asyncio.Event()
         self._reader = TopicReader(kafka, kafka.topic(GENERATED))

@@ -1,7 +1,8 @@
 """The one retry helper: exponential backoff with a cap and jitter.
 
 Every wait-out-an-outage loop of the pipeline (a server that is not up yet, Kafka or S3 down,
-a transient HTTP error) goes through `Backoff`; the delays come from `RetrySettings`.
+a transient HTTP error) goes through `Backoff`; `backoff(kind)` builds one from
+`RetrySettings` (DRAFTGEN_RETRY_*), so the delays are set in one place.
 """
 
 from __future__ import annotations
@@ -12,11 +13,15 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from functools import cache
+from typing import TYPE_CHECKING, TypeVar
 
 from streams.core.outage import Outage, short_error
 
-__all__ = ["Backoff", "Outage", "short_error", "until_done"]
+if TYPE_CHECKING:
+    from streams.core.settings.policy import BackoffKind, RetrySettings
+
+__all__ = ["Backoff", "Outage", "backoff", "short_error", "until_done"]
 
 T = TypeVar("T")
 
@@ -35,6 +40,21 @@ class Backoff:
 
     async def sleep(self, attempt: int) -> None:
         await asyncio.sleep(self.delay(attempt))
+
+
+def backoff(kind: BackoffKind = "outage", settings: RetrySettings | None = None) -> Backoff:
+    """The backoff of a loop of this kind: an outage, a poll with a deadline of its own, the
+    ledger's reads, a thief's next steal (RetrySettings says each one's delays)."""
+    retry = settings or _retry_settings()
+    initial_s, max_s = retry.delays(kind)
+    return Backoff(initial_s=initial_s, max_s=max_s, jitter=retry.jitter)
+
+
+@cache
+def _retry_settings() -> RetrySettings:
+    from streams.core.settings.policy import RetrySettings
+
+    return RetrySettings()
 
 
 async def until_done(

@@ -26,7 +26,8 @@ from aiokafka.errors import (
 )
 
 from streams.core.errors import CliError
-from streams.core.retry import Backoff, short_error
+from streams.core.retry import backoff as retry_backoff
+from streams.core.retry import short_error
 from streams.core.settings import (
     COMPLETIONS,
     DEAD_LETTERS,
@@ -131,7 +132,7 @@ async def on_admin(
     """`work` with an admin client. Once connected, a retriable error is retried for a while:
     the client asks a random broker, which on a cluster may be one just lost and not yet
     fenced (seconds). A cluster that cannot be reached at all fails at once, as before."""
-    backoff = Backoff(initial_s=0.5, max_s=5.0)
+    backoff = retry_backoff("poll")
     deadline = time.monotonic() + ADMIN_RETRY_S
     attempt = 0
     while True:

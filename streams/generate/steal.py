@@ -25,7 +25,8 @@ import random
 from collections.abc import Callable
 from typing import Protocol
 
-from streams.core.retry import Backoff, short_error
+from streams.core import retry
+from streams.core.retry import short_error
 from streams.core.settings import OnceSettings, generate_window
 from streams.generate.ports import Backlogs
 
@@ -71,7 +72,7 @@ class Stealer:
         # between two looks at the backlogs that found nothing to take (or failed): each look
         # is an admin call; short enough that a worker idle since long still joins the end of
         # a run within a couple of seconds
-        self.backoff: Sleeper = backoff or Backoff(initial_s=0.5, max_s=2.0)
+        self.backoff: Sleeper = backoff or retry.backoff("steal")
         self.idle_s = once.steal_after_s
         # offsets this worker took already, by partition (those below the committed offset
         # are forgotten)

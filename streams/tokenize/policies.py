@@ -71,18 +71,18 @@ class PolicySampleBuilder(SampleBuilder):
     def check_completion(self, completion: CompletionRecord) -> PolicyDrop | None:
         policy = self.policy
         if completion.finish_reason == "length":
-            if policy.length == "drop":
+            if policy.on_length == "drop":
                 return PolicyDrop("length", "finish_reason=length: the output was cut short")
             return None
         if completion.tool_calls or (completion.content or "").strip():
             return None
         if self._unclosed(completion):
-            if policy.unclosed_think == "drop":
+            if policy.on_unclosed_think == "drop":
                 return PolicyDrop(
                     "unclosed_think", "no </think>: the whole output landed in the reasoning"
                 )
             return None
-        if policy.empty_answer == "drop":
+        if policy.on_empty_answer == "drop":
             return PolicyDrop("empty_answer", "no content and no tool calls")
         return None
 
@@ -100,7 +100,7 @@ class PolicySampleBuilder(SampleBuilder):
         policy = self.policy
         limit = policy.max_seq_len
         if limit is not None and sample.num_tokens > limit:
-            if policy.over_max_seq_len == "drop":
+            if policy.on_max_seq_len == "drop":
                 return PolicyDrop(
                     "max_seq_len", f"{sample.num_tokens} tokens > --max-seq-len {limit}"
                 )

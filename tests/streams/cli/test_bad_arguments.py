@@ -1,8 +1,11 @@
 """Every bad flag and `DRAFTGEN_*` setting is one line on stderr naming it, exit status 2, and
-nothing waits on it: each case is a real `draftgen` process with a deadline. None needs Kafka:
-a command that got as far as connecting would fail on the unused port it is given instead.
+nothing waits on it. None needs Kafka: a command that got as far as connecting would fail on
+the unused port it is given instead.
 
-The processes run together (a module fixture) and each case checks its own result.
+Each case calls the command line's `main` in this process (its stderr and exit status, in a
+directory of its own, with a clean environment); a few run as real `draftgen` processes with a
+deadline too (a module fixture runs them together), to prove the entry point itself prints the
+one line and no traceback.
 """
 
 from __future__ import annotations
@@ -114,12 +117,29 @@ CASES: dict[str, Case] = {
         generate("--replication-factor", "1", "--min-insync-replicas", "2"),
         "--min-insync-replicas",
     ),
+    # the same rule for a dataset version wherever one is named
+    "dataset-seal": Case(
+        ("seal", "--out", "o", "--dataset", "../evil", "--bootstrap", BOOTSTRAP), "--dataset"
+    ),
+    "dataset-export": Case(
+        ("export", "--out", "o", "--dataset", "../evil", "--format", "hf", "--output", "x"),
+        "--dataset",
+    ),
+    "dataset-report": Case(("report", "--out", "o", "--dataset", "../evil"), "--dataset"),
+    "dataset-env": Case(
+        ("report", "--out", "o"), "DRAFTGEN_DATASET", {"DRAFTGEN_DATASET": "../evil"}
+    ),
     "report-bootstrap-env": Case(
         ("report", "--out", "o", "--dataset", "v"),
         "DRAFTGEN_BOOTSTRAP",
         {"DRAFTGEN_BOOTSTRAP": "x"},
     ),
 }
+
+
+# also run as real processes: a flag's value, an environment variable, a rule across fields, and
+# a command whose flags come from outside the settings classes
+IN_A_PROCESS = ("bootstrap-port", "session-timeout-text", "insync-over-replicas", "emulator-port")
 
 
 @dataclass(frozen=True)
@@ -153,21 +173,53 @@ def draftgen(argv: list[str], env: dict[str, str], cwd: Path) -> Result:
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Result]]:
-    bootstrap = f"127.0.0.1:{unused_port()}"
+def bootstrap() -> str:
+    return f"127.0.0.1:{unused_port()}"
+
+
+def with_bootstrap(argv: tuple[str, ...], bootstrap: str) -> list[str]:
+    return [bootstrap if a == BOOTSTRAP else a for a in argv]
+
+
+@pytest.fixture(scope="module")
+def processes(
+    tmp_path_factory: pytest.TempPathFactory, bootstrap: str
+) -> Iterator[dict[str, Result]]:
     python_path = {"PYTHONPATH": str(ROOT)}
 
     # made here, not in the threads: pytest's temp factory is not thread-safe
-    cwds = {name: tmp_path_factory.mktemp(name) for name in CASES}
+    cwds = {name: tmp_path_factory.mktemp(name) for name in IN_A_PROCESS}
 
     def run(name: str) -> Result:
         case = CASES[name]
         cwd = cwds[name]  # relative outputs land here, if anywhere
-        argv = [bootstrap if a == BOOTSTRAP else a for a in case.argv]
+        argv = with_bootstrap(case.argv, bootstrap)
         return draftgen(argv, clean_env(**python_path, **case.env), cwd)
 
     with ThreadPoolExecutor(max_workers=4) as pool:
-        yield dict(zip(CASES, pool.map(run, CASES), strict=True))
+        yield dict(zip(IN_A_PROCESS, pool.map(run, IN_A_PROCESS), strict=True))
+
+
+def in_process(
+    argv: list[str],
+    env: dict[str, str],
+    cwd: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> Result:
+    """`draftgen argv` as `main` runs it: what a process would print and exit with."""
+    for key in list(os.environ):
+        if key.startswith("DRAFTGEN_"):
+            monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()  # nothing of before
+    try:
+        code: int | str | None = main(argv)
+    except SystemExit as stopped:  # argparse's own errors
+        code = stopped.code
+    return Result(code if isinstance(code, int) else 1, capsys.readouterr().err, cwd)
 
 
 def only_line(stderr: str) -> str:
@@ -177,18 +229,33 @@ def only_line(stderr: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_a_bad_setting_is_one_line_naming_it_and_status_2(
-    results: dict[str, Result], name: str
-) -> None:
-    result, case = results[name], CASES[name]
-    assert result.code is not None, f"still running after {DEADLINE_S}s: {result.stderr}"
+def check(result: Result, case: Case) -> None:
     line = only_line(result.stderr)
     assert result.code == 2, result.stderr
     assert line.startswith("draftgen ") and " error: " in line, line
     assert case.names in line, line
     # refused before anything was written (an empty --out once wrote dataset.json here)
     assert list(result.cwd.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_bad_setting_is_one_line_naming_it_and_status_2(
+    name: str,
+    bootstrap: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    case = CASES[name]
+    argv = with_bootstrap(case.argv, bootstrap)
+    check(in_process(argv, case.env, tmp_path, monkeypatch, capsys), case)
+
+
+@pytest.mark.parametrize("name", IN_A_PROCESS)
+def test_the_entry_point_prints_the_same_one_line(processes: dict[str, Result], name: str) -> None:
+    result = processes[name]
+    assert result.code is not None, f"still running after {DEADLINE_S}s: {result.stderr}"
+    check(result, CASES[name])
 
 
 def test_a_port_in_use_is_one_line_and_status_1(tmp_path: Path) -> None:

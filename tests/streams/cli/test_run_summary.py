@@ -41,7 +41,7 @@ def run_tokenize_settings(tmp_path: Path, *flags: str) -> TokenizeSettings:
 def test_run_passes_policy_and_drift_flags_to_the_tokenize_worker(tmp_path: Path) -> None:
     policy = ["--on-length", "keep", "--max-seq-len", "512", "--no-drift"]
     worker = run_tokenize_settings(tmp_path, "--regen", "every-turn", *policy)
-    assert worker.policy == SamplePolicy(length="keep", max_seq_len=512)
+    assert worker.policy == SamplePolicy(on_length="keep", max_seq_len=512)
     assert not worker.measure_drift
     assert worker.kafka.bootstrap == "b:1" and worker.storage.out == "o"
     defaults = run_tokenize_settings(tmp_path)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import tempfile
 from pathlib import Path
 
@@ -9,6 +11,7 @@ import pytest
 from faust.worker import Worker
 
 from streams.core.faust_app import create_app, run_worker
+from streams.core.outage import RepeatFilter
 from streams.core.settings import KafkaSettings
 
 KAFKA = KafkaSettings(bootstrap="127.0.0.1:9")  # never connected to
@@ -39,3 +42,28 @@ def test_the_datadir_is_under_tmpdir_and_removed_when_the_worker_stops(
         run_worker(app)
     assert not datadir.exists()
     assert list(tmp_root.iterdir()) == []
+
+
+def test_the_workers_log_handlers_get_the_repeat_filter(
+    tmp_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mode replaces the root handlers as the worker starts; the ones it puts there quiet a
+    client's repeated reconnect lines (streams/core/outage.py) through mode's public signal."""
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    seen: list[bool] = []
+
+    def execute(self: Worker) -> None:  # the worker's first start, then a stop
+        asyncio.run(self.on_first_start())
+        for handler in logging.getLogger().handlers:
+            seen.append(any(isinstance(f, RepeatFilter) for f in handler.filters))
+        raise SystemExit(0)
+
+    monkeypatch.setattr(Worker, "execute_from_commandline", execute)
+    try:
+        with pytest.raises(SystemExit):
+            run_worker(create_app("logging-test", KAFKA, prefetch=4))
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+    assert seen and all(seen)

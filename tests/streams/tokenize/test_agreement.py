@@ -327,7 +327,7 @@ def build(target: Target, record: CompletionRecord, prefer: str) -> Sample:
         target.loaded.tokenizer,
         target.loaded.profile,
         prefer=prefer,
-        policy=SamplePolicy(length="keep"),
+        policy=SamplePolicy(on_length="keep"),
     )
     result = builder.build_many([record])[0]
     assert not isinstance(result, SampleError), result  # e.g. prefix_mismatch

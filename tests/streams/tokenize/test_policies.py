@@ -81,7 +81,7 @@ def test_length_is_dropped_by_default_or_kept(
     assert isinstance(result, PolicyDrop) and result.kind == "policy_length"
     assert result.rule == "length" and is_policy_drop(result.kind)
     # kept: judged by length alone, not as an empty answer or unclosed thinking
-    kept = make_builder(length="keep").build(cut)
+    kept = make_builder(on_length="keep").build(cut)
     assert kept.num_loss_tokens > 0
 
 
@@ -100,7 +100,7 @@ def test_unclosed_think_versus_empty_answer(
         closed, output_token_ids=[t for t in as_list(closed.output_token_ids) if t != close_id]
     )
     assert kind(builder.build_many([without])[0]) == "policy_unclosed_think"
-    kept = make_builder(unclosed_think="keep").build_many([without])[0]
+    kept = make_builder(on_unclosed_think="keep").build_many([without])[0]
     assert isinstance(kept, Sample) and as_list(
         kept.input_ids[-len(as_list(without.output_token_ids)) :]
     ) == (without.output_token_ids)
@@ -110,7 +110,7 @@ def test_empty_answer(make_builder: Callable[..., PolicySampleBuilder]) -> None:
     empty = answered(content="  \n", reasoning_content=None)
     assert kind(make_builder().build_many([empty])[0]) == "policy_empty_answer"
     server = replace(empty, prompt_token_ids=[1, 2, 3], output_token_ids=[4, 5])
-    kept = make_builder(empty_answer="keep").build_many([server])[0]
+    kept = make_builder(on_empty_answer="keep").build_many([server])[0]
     assert isinstance(kept, Sample) and as_list(kept.input_ids) == [1, 2, 3, 4, 5]
     # a tool call is an answer
     call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
@@ -122,12 +122,12 @@ def test_max_seq_len_drops_or_truncates(make_builder: Callable[..., PolicySample
     assert kind(make_builder(max_seq_len=16).build_many([completion])[0]) is None
     assert kind(make_builder(max_seq_len=15).build_many([completion])[0]) == "policy_max_seq_len"
 
-    cut = make_builder(max_seq_len=13, over_max_seq_len="truncate").build(completion)
+    cut = make_builder(max_seq_len=13, on_max_seq_len="truncate").build(completion)
     assert cut.truncated and as_list(cut.input_ids) == list(range(13))
     assert as_list(cut.loss_mask) == [0] * 10 + [1] * 3
     # cut into the prompt, or leaving one supervised token: too short a run for DFlash
     for limit in (10, 11):
-        result = make_builder(max_seq_len=limit, over_max_seq_len="truncate").build_many(
+        result = make_builder(max_seq_len=limit, on_max_seq_len="truncate").build_many(
             [completion]
         )[0]
         assert kind(result) == "policy_min_loss_run"
@@ -205,11 +205,11 @@ def test_flags_and_defaults() -> None:
         "3",
     )
     assert policy == SamplePolicy(
-        length="keep",
-        unclosed_think="keep",
-        empty_answer="keep",
+        on_length="keep",
+        on_unclosed_think="keep",
+        on_empty_answer="keep",
         max_seq_len=4096,
-        over_max_seq_len="truncate",
+        on_max_seq_len="truncate",
         min_loss_run=3,
     )
     with pytest.raises(SystemExit):

@@ -1,0 +1,273 @@
+"""The settings of the one-shot and supervising commands: publish, run, status, dead-letters,
+export, report, seal, replay, and the log level all commands share."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import field_validator, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from streams.core.settings.base import (
+    DatasetName,
+    OutputRoot,
+    ServerUrl,
+    Settings,
+    TokenizerDir,
+    dataset_setting,
+    setting,
+)
+from streams.core.settings.kafka import KafkaSettings, kafka_if_configured
+from streams.core.settings.names import ExportFormat, LogLevel, RegenMode
+from streams.core.settings.policy import ExportCut
+from streams.core.settings.storage import StorageSettings
+
+
+class PublishSettings(Settings):
+    limit: int | None = setting(None, cli=True, help="publish at most this many prompts", gt=0)
+    progress: bool = setting(True, cli=True, help="no progress bar")
+    regenerate: bool = setting(
+        False,
+        cli=True,
+        help="publish and generate prompts even if the `generated` ledger has them",
+    )
+    regen: RegenMode = setting(
+        "final",
+        cli=True,
+        help="final: answer the last turn; every-turn: regenerate each assistant turn of "
+        "conversations without tool results, one sample per turn",
+    )
+    id_field: str = setting(
+        "id",
+        cli=True,
+        help="the source rows' field that holds their own id, carried to the shards as "
+        "`source_id` (rows without it: null)",
+        min_length=1,
+        max_length=200,
+    )
+
+
+class LogSettings(Settings):
+    log_level: LogLevel = setting("WARNING", cli=True, env=("DRAFTGEN_LOG_LEVEL",))
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _any_case(cls, level: object) -> object:
+        return level.upper() if isinstance(level, str) else level
+
+
+class RunSettings(Settings):
+    """`draftgen run`: what to start when it is not given."""
+
+    servers: list[ServerUrl] = setting(
+        default_factory=list,
+        cli=True,
+        help="an SGLang server URL, repeatable (default: start emulated servers)",
+    )
+    emulated_servers: int = setting(
+        2,
+        cli=True,
+        aliases=("--servers",),
+        help="how many emulated servers to start when no --server",
+        gt=0,
+    )
+    out: OutputRoot | None = setting(None, cli=True, help="output root (default: runs/<time>/out)")
+    dataset: DatasetName = dataset_setting(default="sample")
+    tokenizer_dir: TokenizerDir | None = setting(
+        None,
+        cli=True,
+        aliases=("--tokenizer",),
+        help="tokenizer directory (default: the bundled tiny Qwen3.6-format one)",
+    )
+    workdir: str | None = setting(
+        None, cli=True, help="logs and local services (default runs/<time>)"
+    )
+    # seal's timeout means another wait: each has its own environment name
+    timeout_s: float = setting(
+        3600.0,
+        cli=True,
+        aliases=("--timeout",),
+        help="give up if not done after this many seconds",
+        env=("DRAFTGEN_RUN_TIMEOUT_S",),
+        gt=0,
+    )
+    emulator_tokens_per_s: float = setting(
+        2000.0,
+        cli=True,
+        help="decode speed of emulated servers, per request",
+        gt=0,
+    )
+    # what `run` gives its tokenize workers (theirs: DRAFTGEN_IDLE_FLUSH_S)
+    idle_flush_s: float = setting(2.0, env=("DRAFTGEN_RUN_IDLE_FLUSH_S",), gt=0)
+    tokenize_workers: int = setting(
+        1,
+        cli=True,
+        help="tokenize workers to start (they share the completions partitions)",
+        gt=0,
+    )
+
+
+class StatusSettings(Settings):
+    """`draftgen status`."""
+
+    kafka: KafkaSettings = setting(default_factory=lambda: KafkaSettings())
+    out: OutputRoot | None = setting(
+        None, cli=True, help="output root of the dataset versions (for samples and tokens)"
+    )
+    datasets: list[DatasetName] = setting(
+        default_factory=list,
+        cli=True,
+        help="a dataset version, repeatable (default: every one found under --out)",
+    )
+    watch_s: float | None = setting(
+        None,
+        cli=True,
+        aliases=("--watch",),
+        help="refresh every SECONDS (default 5) until interrupted",
+        nargs="?",
+        const=5.0,
+        metavar="SECONDS",
+        gt=0,
+    )
+    as_json: bool = setting(
+        False, cli=True, aliases=("--json",), help="one JSON object (a line per refresh)"
+    )
+
+    @field_validator("datasets")
+    @classmethod
+    def _once_each(cls, datasets: list[str]) -> list[str]:
+        return list(dict.fromkeys(datasets))
+
+    @model_validator(mode="after")
+    def _datasets_need_out(self) -> StatusSettings:
+        if self.datasets and not self.out:
+            raise ValueError("--dataset needs --out (where the dataset versions are)")
+        return self
+
+    @property
+    def storage(self) -> StorageSettings | None:
+        return StorageSettings(out=self.out) if self.out else None
+
+
+class DeadLetterSelection(Settings):
+    """`draftgen dead-letters`."""
+
+    stage: Literal["publish", "generate", "tokenize"] | None = setting(None, cli=True)
+    kind: str | None = setting(None, cli=True, help="reason kind, a glob (e.g. 'http_*')")
+    republish: bool = setting(
+        False,
+        cli=True,
+        help="send the selected letters' payloads back to their stage's input topic",
+    )
+    as_json: bool = setting(
+        False,
+        cli=True,
+        aliases=("--json",),
+        help="one JSON object: the counts and every failed prompt",
+    )
+
+
+class ExportSettings(Settings):
+    """`draftgen export`: a dataset version as the file a trainer takes (streams/ops/export.py)."""
+
+    model_config = SettingsConfigDict(env_prefix="DRAFTGEN_EXPORT_")
+
+    storage: StorageSettings
+    dataset: DatasetName = dataset_setting()
+    format: ExportFormat = setting(
+        cli=True,
+        help="specforge: JSON lines of prompt_id, input_ids, loss_mask; hf: a datasets "
+        "save_to_disk directory; parquet: one Parquet file; conversations: each sample's "
+        "regenerated conversation (OpenAI messages) from the completions topic, JSON lines "
+        "(Parquet when --output ends in .parquet)",
+    )
+    output: str = setting(
+        cli=True,
+        help="the file (specforge, parquet, conversations) or directory (hf, or any format "
+        "split by --rows-per-file/--tokens-per-file) to write; new",
+    )
+    # split into files of at most this many rows / tokens (prompt included, after the cut),
+    # so a trainer can load one file at a time
+    rows_per_file: int | None = setting(
+        None, cli=True, help="at most this many rows a file (default: one file)", ge=1
+    )
+    tokens_per_file: int | None = setting(
+        None,
+        cli=True,
+        help="at most this many tokens a file, prompt included (a longer sample gets a file of "
+        "its own; default: one file)",
+        ge=1,
+    )
+    # the completions topic, read by --format conversations
+    kafka: KafkaSettings | None = setting(default_factory=lambda: kafka_if_configured())
+    sources: list[str] = setting(
+        default_factory=list, cli=True, help="only samples of this source (repeatable)"
+    )
+    finish_reasons: list[str] = setting(
+        default_factory=list,
+        cli=True,
+        help="only samples with this finish reason (repeatable)",
+    )
+    min_len: int | None = setting(
+        None, cli=True, help="fewest tokens, prompt included, before truncation", ge=1
+    )
+    max_len: int | None = setting(
+        None, cli=True, help="most tokens, prompt included, before truncation", ge=1
+    )
+    # the length rules, as the tokenize stage's (SamplePolicy) but truncating by default
+    cut: ExportCut = setting(default_factory=lambda: ExportCut())
+
+
+class ReportSettings(Settings):
+    """`draftgen report`: what a dataset version holds, before GPU-days are spent on it."""
+
+    model_config = SettingsConfigDict(env_prefix="DRAFTGEN_REPORT_")
+
+    storage: StorageSettings
+    dataset: DatasetName = dataset_setting()
+    output: str | None = setting(
+        None,
+        cli=True,
+        help="directory for report.json, the PNG plots and report.html (default report-DATASET)",
+    )
+    tokenizer_dir: TokenizerDir | None = setting(
+        None,
+        cli=True,
+        aliases=("--tokenizer",),
+        help="tokenizer directory for the reasoning/answer split (default: dataset.json's)",
+    )
+    # dead letters and tokenize heartbeats, when a broker is given
+    kafka: KafkaSettings | None = setting(default_factory=kafka_if_configured)
+    bins: int = setting(40, cli=True, help="bars per length histogram", gt=1)
+
+
+class SealSettings(Settings):
+    """`draftgen seal`."""
+
+    kafka: KafkaSettings = setting(default_factory=lambda: KafkaSettings())
+    storage: StorageSettings
+    dataset: DatasetName = dataset_setting()
+    timeout_s: float = setting(
+        600.0,
+        cli=True,
+        aliases=("--timeout",),
+        env=("DRAFTGEN_SEAL_TIMEOUT_S",),
+        help="give up if the version has not caught up after this many seconds",
+        gt=0,
+    )
+
+
+class ReplaySettings(Settings):
+    """`draftgen replay --workers N`: N replay workers on this machine."""
+
+    workers: int = setting(
+        1,
+        cli=True,
+        help="replay workers to start here; they share the completions partitions",
+        gt=0,
+    )
+    workdir: str | None = setting(
+        None,
+        cli=True,
+        help="with --workers > 1: the workers' settings and logs (default runs/replay-<time>)",
+    )

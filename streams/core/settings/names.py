@@ -1,0 +1,52 @@
+"""Names and value sets of the settings that need no validation library: topic names, the
+choices of a few settings, and the generate window's arithmetic. Importing this module costs
+nothing, so the command line can show its help without pydantic."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+PROMPTS = "prompts"
+COMPLETIONS = "completions"
+DEAD_LETTERS = "dead-letters"
+GENERATE_GROUP = "draftgen-generate"
+# compacted: the latest heartbeat of each live worker, read by `draftgen status`
+WORKER_STATS = "worker-stats"
+# compacted: one record per (prompt_id, generation settings) generated (streams/core/ledger.py)
+GENERATED = "generated"
+
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+Family = Literal["kimi_k2", "qwen3", "generic"]
+KeepOrDrop = Literal["drop", "keep"]
+OverLength = Literal["drop", "truncate"]
+ExportFormat = Literal["specforge", "hf", "parquet", "conversations"]
+RegenMode = Literal["final", "every-turn"]
+GenerateApi = Literal["chat", "native"]
+# SGLang request-preprocessing profiles (streams/core/serving.py PROFILE_NAMES; a test checks)
+Normalization = Literal[
+    "sglang-0.5.1",
+    "sglang-0.5.4",
+    "sglang-0.5.9",
+    "sglang-0.5.10",
+    "sglang-0.5.11",
+    "sglang-0.5.23",
+]
+Compression = Literal["gzip", "none"]
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+# aiokafka's mechanisms
+SaslMechanism = Literal["PLAIN", "GSSAPI", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]
+
+# requests in flight against one server when not given, or when "auto" finds no cap
+DEFAULT_CONCURRENCY = 32
+
+
+def generate_prefetch(concurrency: int) -> int:
+    """Prompts a generate worker's consumer holds beyond its requests in flight: small, so a
+    slow server does not sit on a backlog that idle workers could take."""
+    return max(4, concurrency // 4)
+
+
+def generate_window(concurrency: int) -> int:
+    """The most prompts of its partitions a generate worker holds (in flight or prefetched)
+    past its committed offsets, give or take the last second's acks not yet committed."""
+    return concurrency + generate_prefetch(concurrency)

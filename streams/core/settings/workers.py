@@ -1,0 +1,237 @@
+"""The settings of the pipeline's workers: generate (with its ledger and stealing), tokenize,
+and what every worker observes."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import SecretStr, model_validator
+
+from streams.core.settings.base import (
+    Concurrency,
+    DatasetName,
+    SafeName,
+    ServerUrl,
+    Settings,
+    TokenizerDir,
+    dataset_setting,
+    setting,
+)
+from streams.core.settings.kafka import KafkaSettings
+from streams.core.settings.names import (
+    DEFAULT_CONCURRENCY,
+    Family,
+    GenerateApi,
+    Normalization,
+)
+from streams.core.settings.policy import SamplePolicy
+from streams.core.settings.storage import StorageSettings
+
+
+class SamplingSettings(Settings):
+    temperature: float = setting(1.0, cli=True, ge=0)
+    top_p: float = setting(0.95, cli=True, gt=0, le=1)
+    max_tokens: int = setting(8192, cli=True, gt=0)
+    seed: int | None = setting(None, cli=True)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+class GenerateSettings(Settings):
+    server: ServerUrl = setting(cli=True, help="the SGLang server's base URL")
+    kafka: KafkaSettings = setting(default_factory=lambda: KafkaSettings())
+    concurrency: Concurrency = setting(
+        DEFAULT_CONCURRENCY,
+        cli=True,
+        help="requests kept in flight against the server; auto: the server's "
+        f"max_running_requests (from /server_info; {DEFAULT_CONCURRENCY} if it does not say)",
+        metavar="N|auto",
+    )
+    sampling: SamplingSettings = setting(default_factory=lambda: SamplingSettings())
+    # None: ask the server which model it serves
+    model: str | None = setting(None, cli=True, help="served model name (default: ask the server)")
+    # family name whose thinking kwarg is sent; None: detect from the model name
+    family: Family | None = setting(
+        None,
+        cli=True,
+        help="model family for the thinking kwarg (default: from the model name)",
+    )
+    thinking: bool = setting(True, cli=True, help="generate with thinking off")
+    # ask the server for its exact token ids (the way is probed at start: exact_ids.py)
+    return_token_ids: bool = True
+    # native: for servers whose chat endpoint returns no ids (streams/generate/native.py)
+    api: GenerateApi = setting(
+        "chat",
+        cli=True,
+        help="chat: /v1/chat/completions; native: render the prompt with --tokenizer-dir and post "
+        "its ids to SGLang's /generate, so the output ids are exact on any server version",
+    )
+    tokenizer_dir: TokenizerDir | None = setting(
+        None,
+        cli=True,
+        aliases=("--tokenizer",),
+        help="the target's tokenizer directory, the one the server uses (for --api native)",
+    )
+    # None: the profile of the SGLang version the server reports at start (newest if it says
+    # none); recorded per completion, so the tokenize stage renders as the server did
+    normalization: Normalization | None = setting(
+        None,
+        cli=True,
+        help="render prompts as this SGLang version range preprocesses chat requests "
+        "(default: from the version the server reports; the newest if it reports none)",
+    )
+    api_key: SecretStr | None = setting(None, env=("DRAFTGEN_API_KEY", "OPENAI_API_KEY"))
+    request_timeout_s: float = setting(1800.0, cli=True, aliases=("--request-timeout",), gt=0)
+    max_attempts: int = setting(
+        5, cli=True, help="attempts for transient errors before a dead letter", gt=0
+    )
+    backoff_initial_s: float = setting(1.0, gt=0)
+    backoff_max_s: float = setting(60.0, gt=0)
+    # longest gap between two health probes of a server that is down
+    health_interval_s: float = setting(2.0, gt=0)
+    # static membership: a restart with the same id does not rebalance the group
+    instance_id: SafeName | None = setting(
+        None,
+        cli=True,
+        help="static group membership id: a restart does not rebalance",
+    )
+
+    @model_validator(mode="after")
+    def _native_needs_a_tokenizer(self) -> GenerateSettings:
+        if self.api == "native" and not self.tokenizer_dir:
+            raise ValueError("--api native needs --tokenizer-dir (the target's tokenizer)")
+        return self
+
+
+class OnceSettings(Settings):
+    """Each prompt once per generation settings (the `generated` ledger), and work stealing."""
+
+    ledger: bool = setting(
+        True,
+        cli=True,
+        help="do not consult or write the `generated` ledger (generate every prompt received)",
+    )
+    # seconds with a free slot and no own prompt before stealing from the end of other
+    # workers' backlogs (streams/generate/steal.py); 0: never steal. On by default: without it
+    # the end of every finite run leaves servers idle while others work through their
+    # partitions (BENCHMARKS.md, "The end of a finite run")
+    steal_after_s: float = setting(
+        2.0,
+        cli=True,
+        aliases=("--steal-after",),
+        help="after S seconds with a free slot and no prompt of its own, take prompts from the "
+        "end of other workers' backlogs (0: never)",
+        ge=0,
+    )
+    # never steal the owner's next `steal_margin` prompts of a partition: its committed offset
+    # lags its position by up to its whole window (requests in flight, prefetched prompts),
+    # so a thief taking less far ahead takes prompts the owner holds already (a duplicate
+    # request each). None: that window, `generate_window(concurrency)` of the thief's own
+    steal_margin: int | None = setting(
+        None,
+        cli=True,
+        help="leave the next N prompts of each partition to its owner (default: a worker's "
+        "window, --concurrency plus its prefetch)",
+        ge=0,
+    )
+    # most prompts taken per steal (never more than the free slots); 0: the worker's concurrency
+    steal_batch: int = setting(0, cli=True, help="most prompts per steal (0: --concurrency)", ge=0)
+
+
+class TokenizeSettings(Settings):
+    tokenizer_dir: TokenizerDir = setting(
+        cli=True, aliases=("--tokenizer",), help="the target's tokenizer directory"
+    )
+    dataset: DatasetName = dataset_setting()
+    storage: StorageSettings
+    kafka: KafkaSettings = setting(default_factory=lambda: KafkaSettings())
+    family: Family | None = setting(
+        None,
+        cli=True,
+        help="model family (default: detected from the tokenizer's template)",
+    )
+    chat_template_file: str | None = setting(
+        None, cli=True, aliases=("--chat-template",), help="a .jinja file overriding the template"
+    )
+    # preferred source when the server's ids exist
+    token_source: Literal["server", "rendered"] = setting(
+        "server",
+        cli=True,
+        help="which ids to store when the server returned its own",
+    )
+    shard_max_records: int = setting(2000, cli=True, aliases=("--shard-records",), gt=0)
+    shard_max_tokens: int = setting(8_000_000, cli=True, aliases=("--shard-tokens",), gt=0)
+    idle_flush_s: float = setting(
+        10.0,
+        cli=True,
+        aliases=("--idle-flush",),
+        help="seconds before an idle partition's open shard is written",
+        gt=0,
+    )
+    # what all open windows of a worker may hold together (a record counts twice its size: its
+    # bytes and its decoded form); past it the largest window is flushed early: memory stays
+    # bounded whatever the backlog (sinks/sink.py)
+    max_open_bytes: int = setting(
+        256 * 1024 * 1024,
+        cli=True,
+        help="memory all open windows of a worker hold at most (a record counts twice its "
+        "size: its bytes and its decoded form)",
+        gt=0,
+    )
+    # group per dataset version; None: derived from the dataset name
+    group_id: SafeName | None = None
+    from_beginning: bool = True
+    # compare server ids with the rendering (costs a render + encode per server sample)
+    measure_drift: bool = setting(
+        True,
+        cli=True,
+        aliases=("--no-drift",),
+        help="do not compare server ids with the rendering (saves a render + encode per sample)",
+    )
+    # auto: a tiktoken twin of the tokenizer when it encodes exactly as the tokenizer, checked
+    # as it runs (streams/tokenize/encoder.py); tokenizer: always the tokenizer's own encoder
+    encoder: Literal["auto", "tokenizer"] = setting(
+        "auto",
+        cli=True,
+        help="auto: tiktoken's faster BPE when it matches the tokenizer exactly; "
+        "tokenizer: the tokenizer's own",
+    )
+    policy: SamplePolicy = setting(default_factory=lambda: SamplePolicy())
+
+    @property
+    def consumer_group(self) -> str:
+        return self.kafka.group(self.group_id or f"draftgen-tokenize-{self.dataset}")
+
+
+class ObserveSettings(Settings):
+    """Worker metrics, heartbeats and local state."""
+
+    # None: no /metrics endpoint; 0: a free port
+    metrics_port: int | None = setting(
+        None,
+        cli=True,
+        help="serve Prometheus /metrics on this port (0: a free one; default: off)",
+        ge=0,
+        le=65535,
+    )
+    metrics_host: str = setting(
+        "127.0.0.1",
+        cli=True,
+        help="address /metrics binds to (0.0.0.0 for a scraper elsewhere)",
+    )
+    # 0: no heartbeats (the worker is then invisible to `status`)
+    heartbeat_s: float = setting(
+        5.0,
+        cli=True,
+        aliases=("--heartbeat-interval",),
+        help="seconds between heartbeats to the worker-stats topic (0: none)",
+        ge=0,
+    )
+    rate_window_s: float = setting(30.0, gt=0)
+    # the crash record (streams/core/crash_guard.py); None: ~/.local/state/draftgen
+    state_dir: str | None = setting(
+        None,
+        cli=True,
+        help="where the worker notes a record it crashed on (default ~/.local/state/draftgen)",
+    )
