@@ -20,6 +20,7 @@ from aiokafka.errors import KafkaError
 
 from sinks.shards import ShardStore
 from streams.core.errors import CliError
+from streams.core.topics import group_names
 from streams.core.settings import (
     COMPLETIONS,
     GENERATE_GROUP,
@@ -164,7 +165,7 @@ class StatusProbe:
         they have not committed yet: the generate group and the asked datasets' groups."""
         assert self._admin is not None
         ours = self.kafka.group("draftgen-")
-        listed = {str(entry[0]) for entry in await self._admin.list_consumer_groups()}
+        listed = group_names(await self._admin.list_consumer_groups())
         names = {name for name in listed if name.startswith(ours)}
         names.add(self.kafka.group(GENERATE_GROUP))
         names.update(self.kafka.group(TOKENIZE_GROUP_PREFIX + d) for d in self.settings.datasets)
