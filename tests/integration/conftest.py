@@ -24,6 +24,7 @@ from streams.core.records import CompletionRecord, DeadLetter
 from streams.core.settings import COMPLETIONS, KafkaSettings
 from streams.ops.dead_letters import read_dead_letters
 from streams.ops.progress import dataset_figures
+from tests.faults import LAUNCHER, Crash
 
 WORDS = [
     "refactor",
@@ -223,7 +224,11 @@ class Pipeline:
         dataset: str | None = None,
         name: str = "tokenize",
         env: dict[str, str] | None = None,
+        crash: Crash | None = None,
     ) -> ManagedProcess:
+        """A tokenize worker; with `crash`, one that ends itself at that crash point."""
+        if crash is not None:
+            env = {**(env or {}), **crash.env()}
         return self.stack.start_worker(
             name,
             [
@@ -245,6 +250,7 @@ class Pipeline:
                 *extra,
             ],
             env={**self.env, **(env or {})},
+            module=LAUNCHER if crash is not None else "streams",
         )
 
     def replay(self, dataset: str, *extra: str, name: str = "replay") -> ManagedProcess:

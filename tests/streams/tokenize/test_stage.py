@@ -4,7 +4,6 @@ stats (no Kafka, no S3)."""
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,12 +14,14 @@ import pytest
 
 from sinks.shards import ShardStore
 from streams.core.crash_guard import CrashGuard
+from streams.core.faults import AFTER_MARKER
 from streams.core.records import CompletionRecord, DeadLetter
 from streams.core.retry import Backoff
 from streams.core.settings import KafkaSettings
 from streams.tokenize.samples import DriftCause, Sample, SampleBuilder, SampleError
 from streams.tokenize.stage import BUILD_TOKENS, TokenizeWorker
 from tests.bad_records import BAD_SHAPES, COMPLETION_FIELDS, completion_dict, with_field
+from tests.faults import armed
 from tests.ids import as_list
 
 
@@ -344,24 +345,20 @@ def test_open_windows_are_flushed_to_stay_within_the_memory_budget(tmp_path: Pat
     assert sink.stats.open_bytes == 0
 
 
-def test_the_crash_point_fires_after_the_marker_and_before_the_acks(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_crash_point_fires_after_the_marker_and_before_the_acks(tmp_path: Path) -> None:
     class Killed(BaseException):
         pass
 
     def exit_now(code: int) -> None:
         raise Killed(code)
 
-    monkeypatch.setenv("DRAFTGEN_FAULT_AFTER_MARKER", "1")
-    monkeypatch.setattr(os, "_exit", exit_now)
     stage = Stage(tmp_path, shard_max_records=2)
 
     async def run() -> None:
         await stage.complete("a")
         await stage.complete("b")
 
-    with pytest.raises(Killed):
+    with armed({AFTER_MARKER: 1}, exit_now), pytest.raises(Killed):
         asyncio.run(run())
     assert [m.prompt_ids for m in stage.store.markers()] == [["a", "b"]]
     assert stage.acks() == []
