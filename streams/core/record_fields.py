@@ -25,7 +25,6 @@ class RecordError(ValueError):
         self.message = message
 
 
-
 Check = Callable[[Any], str | None]
 
 
@@ -168,7 +167,6 @@ def equal_fields(a: Any, b: Any) -> bool:
     return True
 
 
-
 def count(value: Any) -> str | None:
     if isinstance(value, bool) or not isinstance(value, int):
         return f"expected an integer, got {_kind(value)}"
@@ -177,4 +175,3 @@ def count(value: Any) -> str | None:
 
 def boolean(value: Any) -> str | None:
     return None if isinstance(value, bool) else f"expected true or false, got {_kind(value)}"
-

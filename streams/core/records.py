@@ -58,9 +58,7 @@ def is_policy_drop(kind: str) -> bool:
     return kind.startswith(POLICY_PREFIX)
 
 
-
 T = TypeVar("T", bound="_Record")
-
 
 
 class _Record:
@@ -233,7 +231,6 @@ class CompletionRecord(_Record):
         if self.tool_calls:
             message["tool_calls"] = self.tool_calls
         return message
-
 
 
 def origin_of(topic: str, partition: int, offset: int) -> str:

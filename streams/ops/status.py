@@ -20,7 +20,6 @@ from aiokafka.errors import KafkaError
 
 from sinks.shards import ShardStore
 from streams.core.errors import CliError
-from streams.core.topics import group_names
 from streams.core.settings import (
     COMPLETIONS,
     GENERATE_GROUP,
@@ -28,6 +27,7 @@ from streams.core.settings import (
     StatusSettings,
     StorageSettings,
 )
+from streams.core.topics import group_names
 from streams.ops.heartbeat import HeartbeatReader
 from streams.ops.progress import DeadLetterReader, dataset_figures
 from streams.ops.status_view import (
