@@ -18,6 +18,7 @@ from compose.stack import LocalStack
 from compose.tiny_tokenizers import build_qwen36_tokenizer
 from producers.publish import PublishSummary, publish
 from producers.sources import parse_source_spec
+from sinks.reader import DatasetReader
 from sinks.shards import ShardStore
 from streams.cli.run import RunResult, wait_until_done
 from streams.core.records import CompletionRecord, DeadLetter
@@ -305,7 +306,7 @@ class Pipeline:
         figures = dataset_figures(store)
         dead = {letter.prompt_id for letter in self.dead_letters() if letter.prompt_id}
         assert figures.prompt_ids | dead == expected
-        table = store.read_table()
+        table = DatasetReader(store).table()
         assert table.num_rows == figures.samples
         assert len(set(table["prompt_id"].to_pylist())) == table.num_rows
 

@@ -22,7 +22,7 @@ from aiokafka.errors import KafkaError
 from compose.kafka import KafkaBroker, KafkaCluster
 from compose.seaweedfs import SeaweedS3
 from compose.stack import LocalStack
-from sinks.reader import open_dataset
+from sinks.reader import DatasetReader, open_dataset
 from streams.core.settings import COMPLETIONS, PROMPTS, KafkaSettings
 from streams.core.topics import DATA_TOPICS, config_values, ensure_topics, topic_configs
 from streams.ops.seal import seal
@@ -191,7 +191,7 @@ def test_a_broker_lost_mid_run_loses_nothing(
 
 
 def _samples(pipeline: Pipeline, dataset: str) -> dict[str, tuple[list[int], list[int]]]:
-    table = pipeline.store(dataset).read_table()
+    table = DatasetReader(pipeline.store(dataset)).table()
     return {
         row["prompt_id"]: (list(row["input_ids"]), list(row["loss_mask"]))
         for row in table.select(["prompt_id", "input_ids", "loss_mask"]).to_pylist()

@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaProducer
 from compose.process import ManagedProcess
 from compose.stack import draftgen_argv
 from compose.tiny_tokenizers import QWEN36_CHAT_TEMPLATE
+from sinks.reader import DatasetReader
 from sinks.shards import ShardStore
 from streams.core.faults import AFTER_DEAD_LETTERS
 from streams.core.records import CompletionRecord
@@ -95,7 +96,7 @@ def committed_samples(store: ShardStore) -> int:
 
 
 def rows_by_prompt(store: ShardStore) -> dict[str, dict[str, Any]]:
-    table = store.read_table()
+    table = DatasetReader(store).table()
     ids = table["prompt_id"].to_pylist()
     assert len(ids) == len(set(ids)), "a prompt id twice in the version"
     return {row["prompt_id"]: row for row in table.to_pylist()}

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from sinks.reader import DatasetReader
 from sinks.shards import SampleRow, ShardMarker, ShardStore
 from sinks.sink import Admitted, Prepared, ShardSink
 from streams.core.retry import Backoff
@@ -191,7 +192,7 @@ def test_events_are_acked_only_after_shard_and_marker_are_durable(tmp_path: Path
     asyncio.run(run())
     assert h.acks() == [(0, 10), (0, 11), (0, 12)]
     assert [m.prompt_ids for m in h.store.markers()] == [["a", "b", "c"]]
-    assert h.store.read_table().column("prompt_id").to_pylist() == ["a", "b", "c"]
+    assert DatasetReader(h.store).table().column("prompt_id").to_pylist() == ["a", "b", "c"]
 
 
 def test_a_window_is_flushed_at_its_record_budget(tmp_path: Path) -> None:
@@ -263,7 +264,7 @@ def test_a_later_item_of_the_same_key_replaces_the_earlier_one_in_its_window(
     assert h.sink.stats.replaced == 1
     assert [m.prompt_ids for m in h.store.markers()] == [["a", "b"], ["a"]]
     assert h.acks() == [(0, 0), (0, 1), (0, 2), (0, 3)]  # the replaced event is acked too
-    table = h.store.read_table()
+    table = DatasetReader(h.store).table()
     assert list(zip(table["prompt_id"].to_pylist(), table["source"].to_pylist(), strict=True)) == [
         ("b", "src"),
         ("a", "third"),  # the latest answer; the window's earlier row is left out
@@ -315,7 +316,9 @@ def test_adoption_removes_uncommitted_windows_of_older_generations_only(tmp_path
         (1, 10, 30, 1),
     ]
     assert h.acks() == [(0, 10), (0, 11), (0, 12)]
-    table = store.read_table()  # nothing skipped: the later answer of "a" replaces the first
+    table = DatasetReader(
+        store
+    ).table()  # nothing skipped: the later answer of "a" replaces the first
     assert list(zip(table["prompt_id"].to_pylist(), table["source"].to_pylist(), strict=True)) == [
         ("b", "earlier"),
         ("a", "again"),
@@ -353,7 +356,7 @@ def test_a_zombie_s_write_after_the_new_owner_s_adoption_is_superseded(tmp_path:
     assert windows(resolution.windows) == [(0, 0, 2, 2), (0, 3, 3, 2)]
     assert windows(resolution.superseded) == [(0, 0, 3, 1)]
     assert resolution.superseded[0].written_at > resolution.windows[0].written_at
-    table = store.read_table()
+    table = DatasetReader(store).table()
     assert table["prompt_id"].to_pylist() == ["a", "b", "c", "d"]
     assert set(table["source"].to_pylist()) == {"owner"}
 
@@ -545,7 +548,7 @@ def test_a_window_revoked_and_readopted_in_a_new_generation_while_written_is_not
     assert [entry for entry in h.log if entry[0] == "committed"] == [("committed", 0, 0, 1)]
     assert windows(h.store.markers()) == [(0, 0, 1, 2)]  # generation 1's removed at adoption
     assert (h.sink.stats.adopted, h.sink.stats.removed) == (2, 1)
-    assert h.store.read_table()["source"].to_pylist() == ["again", "again"]
+    assert DatasetReader(h.store).table()["source"].to_pylist() == ["again", "again"]
 
 
 @pytest.mark.parametrize("rejoined", [False, True], ids=["revoked", "revoked-and-rejoined"])
@@ -577,7 +580,7 @@ def test_an_event_delivered_before_its_partition_was_revoked_is_dropped(
     assert stale.acked == 0
     assert windows(h.store.markers()) == [(0, 0, 0, 2), (1, 0, 0, 1)]
     assert h.acks() == [(0, 0)]  # partition 1's window was revoked while written
-    assert h.store.read_table()["source"].to_pylist() == ["again", "src"]
+    assert DatasetReader(h.store).table()["source"].to_pylist() == ["again", "src"]
 
 
 def test_a_partition_revoked_while_it_is_adopted_is_adopted_again_in_the_next_generation(
@@ -602,7 +605,7 @@ def test_a_partition_revoked_while_it_is_adopted_is_adopted_again_in_the_next_ge
     assert stale.acked == 0
     assert h.sink.stats.adopted == 1
     assert windows(h.store.markers()) == [(0, 5, 5, 2)]
-    assert h.store.read_table()["source"].to_pylist() == ["again"]
+    assert DatasetReader(h.store).table()["source"].to_pylist() == ["again"]
 
 
 def test_open_windows_stay_within_the_memory_budget(tmp_path: Path) -> None:
@@ -630,7 +633,7 @@ def test_open_windows_stay_within_the_memory_budget(tmp_path: Path) -> None:
     assert h.sink.stats.budget_flushes > 0
     assert h.sink.stats.open_bytes == 0
     assert [event.acked for event in events] == [1] * len(events)
-    prompt_ids = h.store.read_table()["prompt_id"].to_pylist()
+    prompt_ids = DatasetReader(h.store).table()["prompt_id"].to_pylist()
     assert sorted(prompt_ids) == [f"p{n:04d}" for n in range(600)]
 
 
@@ -783,7 +786,7 @@ def test_a_window_written_while_the_seal_lands_is_removed_and_not_acked(tmp_path
     # sealed at the committed offsets, the version is the first window only
     manifest = h.store.seal({0: 2})
     assert manifest.samples == 2
-    assert sorted(h.store.read_table()["prompt_id"].to_pylist()) == ["a", "b"]
+    assert sorted(DatasetReader(h.store).table()["prompt_id"].to_pylist()) == ["a", "b"]
 
 
 def test_windows_checked_against_the_seal_at_once_say_it_once(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from typing import Any, cast
 import orjson
 import pytest
 
+from sinks.reader import DatasetReader
 from sinks.shards import ShardStore
 from streams.core.crash_guard import CrashGuard
 from streams.core.faults import AFTER_MARKER
@@ -133,7 +134,7 @@ class Stage:
     def outcomes(self) -> tuple[list[tuple[str, int]], dict[str, str]]:
         """The version as readers see it: (prompt id, its answer's last token) per row, and
         the recorded drops."""
-        table = self.store.read_table()
+        table = DatasetReader(self.store).table()
         rows = [(row["prompt_id"], row["input_ids"][-1]) for row in table.to_pylist()]
         return rows, self.store.committed().drops
 
@@ -373,7 +374,7 @@ def test_a_window_is_built_in_one_batch(tmp_path: Path) -> None:
 
     asyncio.run(run())
     assert stage.builder.batches == [["a", "b", "c", "d"]]
-    row = stage.store.read_table().to_pylist()[0]
+    row = DatasetReader(stage.store).table().to_pylist()[0]
     assert (row["input_ids"], row["loss_mask"]) == ([1, 2, 3, 4, 5], [0, 0, 1, 1, 1])
     assert orjson.loads(Path(stage.store.layout.marker(0, 0)).read_bytes())["rows"] == 4
 
@@ -388,7 +389,7 @@ def test_a_large_window_is_built_in_batches_of_bounded_tokens_in_order(tmp_path:
 
     asyncio.run(run())
     assert stage.builder.batches == [["a", "b"], ["c", "d"], ["e"]]
-    assert stage.store.read_table().column("prompt_id").to_pylist() == list("abcde")
+    assert DatasetReader(stage.store).table().column("prompt_id").to_pylist() == list("abcde")
 
 
 def test_each_wrong_field_and_shape_is_one_dead_letter_and_the_rest_is_written(
@@ -419,7 +420,10 @@ def test_each_wrong_field_and_shape_is_one_dead_letter_and_the_rest_is_written(
     kinds = {letter[2].decode(): letter[3] for letter in stage.letters()}
     assert kinds == expected
     assert len(stage.letters()) == len(cases)
-    assert stage.store.read_table().column("prompt_id").to_pylist() == ["good-1", "good-2"]
+    assert DatasetReader(stage.store).table().column("prompt_id").to_pylist() == [
+        "good-1",
+        "good-2",
+    ]
     assert stage.acks() == list(range(len(cases) + 2))
 
 
@@ -446,7 +450,10 @@ def test_a_huge_undecodable_record_is_one_dead_letter_within_the_size_limit(
     )
     assert (letter.payload_size, letter.payload_truncated) == (len(raw), True)
     assert raw.startswith(letter.payload_bytes())
-    assert stage.store.read_table().column("prompt_id").to_pylist() == ["good-1", "good-2"]
+    assert DatasetReader(stage.store).table().column("prompt_id").to_pylist() == [
+        "good-1",
+        "good-2",
+    ]
     assert stage.acks() == [0, 1, 2]
 
 
@@ -520,7 +527,7 @@ def test_a_sample_row_keeps_its_sources_name_and_row_id(tmp_path: Path) -> None:
             output_token_ids=[3, 4],
         )
         asyncio.run(stage.add(record.encode(), key=pid.encode()))
-    table = stage.store.read_table()
+    table = DatasetReader(stage.store).table()
     assert table.select(["prompt_id", "source", "source_id"]).to_pylist() == [
         {"prompt_id": "a", "source": "prompts.jsonl", "source_id": "row-7"},
         {"prompt_id": "b", "source": "prompts.jsonl", "source_id": None},
