@@ -25,6 +25,7 @@ from aiokafka.errors import (
     TopicAlreadyExistsError,
     for_code,
 )
+from aiokafka.protocol.api import Response
 
 from streams.core.errors import CliError
 from streams.core.retry import Backoff, short_error
@@ -211,7 +212,7 @@ async def _topic_config(
 # that adds or moves a field does not shift what we read.
 
 
-def config_values(responses: Iterable[Any], key: str) -> dict[str, str | None]:
+def config_values(responses: Iterable[Response], key: str) -> dict[str, str | None]:
     """Each described resource's value of the config `key` (from `describe_configs`)."""
     found: dict[str, str | None] = {}
     for response in responses:
@@ -231,7 +232,7 @@ class GroupState:
     members: int
 
 
-def group_states(responses: Iterable[Any]) -> list[GroupState]:
+def group_states(responses: Iterable[Response]) -> list[GroupState]:
     """The groups of `describe_consumer_groups`' responses."""
     return [
         GroupState(group["group"], group["state"], len(group["members"]))
