@@ -46,7 +46,7 @@ case "$cmd" in
         bash "$repo/compose/ensure_chromium.sh" >/dev/null || true
         # two xdist workers, a test file each at a time (each starts its own Kafka and SeaweedFS
         # when it gets an integration file): 11 min → 7 min on 2 cores; `-n 0` runs serially
-        exec "$venv/bin/python" -m pytest -n 2 --dist loadfile "$@" ;;
+        exec "$venv/bin/python" -m pytest -n 2 --dist loadfile --durations=25 "$@" ;;
   check) cd "$repo"; checks ;;
   env)  exit 0 ;;
   *)    echo "usage: compose/setup.sh {run|up|down|status|test|check|env} [args...]" >&2; exit 2 ;;

@@ -29,9 +29,10 @@ from compose.seaweedfs import SeaweedS3
 from streams.core.stack_state import StackState
 
 
-def draftgen_argv(*args: str) -> list[str]:
-    """Run the CLI with this interpreter, whatever PATH says."""
-    return [sys.executable, "-m", "streams", *args]
+def draftgen_argv(*args: str, module: str = "streams") -> list[str]:
+    """Run the CLI with this interpreter, whatever PATH says (`module`: a wrapper of it, such as
+    the fault tests' launcher)."""
+    return [sys.executable, "-m", module, *args]
 
 
 def _http_ok(url: str) -> bool:
@@ -133,9 +134,15 @@ class LocalStack:
     # -- pipeline workers --------------------------------------------------------------------
 
     def start_worker(
-        self, name: str, args: Sequence[str], env: dict[str, str] | None = None
+        self,
+        name: str,
+        args: Sequence[str],
+        env: dict[str, str] | None = None,
+        module: str = "streams",
     ) -> ManagedProcess:
-        process = ManagedProcess(name, draftgen_argv(*args), self._log(name), env=env)
+        process = ManagedProcess(
+            name, draftgen_argv(*args, module=module), self._log(name), env=env
+        )
         self.processes.append(process)
         process.start()
         return process

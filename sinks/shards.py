@@ -299,56 +299,17 @@ class ShardStore:
 
     def committed_shard_urls(self) -> list[str]:
         """Full URLs (with protocol) of committed shards, for pyarrow / datasets readers. A shard
-        may also hold superseded rows (`committed().exclude`); `read_table` leaves them out."""
+        may also hold superseded rows (`committed().exclude`); sinks/reader.py leaves them out."""
         return [self.fs.unstrip_protocol(p) for p in self.committed_shard_paths()]
 
     def read_shard(self, marker: ShardMarker) -> pa.Table:
         with self.fs.open(self.shard_path(marker), "rb") as handle:
             return conform(pa.ipc.open_stream(handle).read_all())
 
-    def read_table(self) -> pa.Table:
-        """Every sample of the version, each prompt id once (its latest answer): the sealed
-        manifest's rows when there is one, else the committed shards' as resolved now."""
-        sealed = self.sealed()
-        if sealed is not None:
-            return self._read_parts(
-                [(f"{self.layout.base}/{e.path}", e.exclude) for e in sealed.shards]
-            )
-        for _ in range(_RELIST_ATTEMPTS - 1):
-            try:
-                return self._read_parts(self._committed_parts())
-            except FileNotFoundError:
-                continue  # a window removed by a new owner's adoption since we listed: list again
-        return self._read_parts(self._committed_parts())
-
-    def _committed_parts(self) -> list[tuple[str, list[int]]]:
-        resolution = self.committed(keep_ids=False)
-        return [
-            (self.shard_path(m), resolution.exclude.get(m.key, []))
-            for m in resolution.windows
-            if m.rows > 0
-        ]
-
-    def _read_parts(self, parts: list[tuple[str, list[int]]]) -> pa.Table:
-        tables = []
-        for path, excluded in parts:
-            with self.fs.open(path, "rb") as handle:
-                table = conform(pa.ipc.open_stream(handle).read_all())
-            if excluded:
-                keep = np.ones(table.num_rows, dtype=bool)
-                keep[excluded] = False
-                table = table.filter(pa.array(keep))
-            tables.append(table)
-        return pa.concat_tables(tables) if tables else SHARD_SCHEMA.empty_table()
-
     def manifest(self) -> dict[str, Any] | None:
         if not self.fs.exists(self.layout.manifest):
             return None
         return dict(orjson.loads(self.fs.cat_file(self.layout.manifest)))
-
-
-# a live view read while workers adopt partitions can find a listed window removed
-_RELIST_ATTEMPTS = 5
 
 
 def read_present(fs: fsspec.AbstractFileSystem, paths: list[str]) -> dict[str, bytes]:

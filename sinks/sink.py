@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Coroutine, Hashable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
@@ -93,6 +93,11 @@ class SinkStats:
     adopted: int = 0  # partitions adopted
     removed: int = 0  # uncommitted windows removed at adoption
 
+    def grow(self, size: int) -> None:
+        """Open windows took `size` more bytes (less, when negative)."""
+        self.open_bytes += size
+        self.peak_open_bytes = max(self.peak_open_bytes, self.open_bytes)
+
 
 @dataclass
 class _Window(Generic[T]):
@@ -106,6 +111,63 @@ class _Window(Generic[T]):
     index: dict[str, int] = field(default_factory=dict)  # key → position in items
     tokens: int = 0
     size: int = 0
+
+    def add(self, event: Event, offset: int, admitted: Admitted[T]) -> bool:
+        """Add the event and its item; True when the item replaced an earlier one of its key."""
+        self.events.append(event)
+        self.end_offset = offset
+        self.tokens += admitted.tokens
+        self.size += admitted.size
+        at = self.index.get(admitted.key) if admitted.key is not None else None
+        if at is not None:
+            self.items[at] = admitted.item
+            return True
+        if admitted.key is not None:
+            self.index[admitted.key] = len(self.items)
+        self.items.append(admitted.item)
+        return False
+
+
+class _Flushes:
+    """Window writes in flight, oldest first (at most `MAX_FLUSHING`), the bytes they hold, and
+    per partition the latest one (the partition's next write waits on it)."""
+
+    def __init__(self) -> None:
+        self.tasks: list[asyncio.Task[None]] = []
+        self.bytes = 0
+        self.last: dict[Hashable, asyncio.Task[None]] = {}
+
+    async def start(
+        self,
+        tp: Hashable,
+        size: int,
+        write: Callable[[asyncio.Task[None] | None], Coroutine[Any, Any, None]],
+    ) -> None:
+        """Start `write(the partition's previous write)`; waits only while `MAX_FLUSHING` are
+        busy."""
+        self.bytes += size
+        while len(self.tasks) >= MAX_FLUSHING:
+            await self.wait_any()
+        task = asyncio.create_task(write(self.last.get(tp)))
+        self.tasks.append(task)
+        self.last[tp] = task
+
+    def ended(self, tp: Hashable, size: int) -> None:
+        """Called by a write as it ends, whatever the outcome."""
+        self.bytes -= size
+        if self.last.get(tp) is asyncio.current_task():
+            del self.last[tp]
+
+    async def wait_any(self) -> None:
+        """Until a flush in flight ends (a cancelled caller does not cancel the writes)."""
+        await asyncio.wait(self.tasks, return_when=asyncio.FIRST_COMPLETED)
+        self.raise_failed()
+
+    def raise_failed(self) -> None:
+        """A flush that failed (a bug: storage I/O is retried) stops the agent, as before."""
+        for task in [t for t in self.tasks if t.done()]:
+            self.tasks.remove(task)
+            task.result()  # raises what the flush raised
 
 
 class ShardSink(Generic[T]):
@@ -193,17 +255,14 @@ class ShardSink(Generic[T]):
         # stale, and an adoption the partition was revoked during does not hold
         self._revocations: dict[Hashable, int] = {}
         self._lock = asyncio.Lock()
-        # flushes in flight, oldest first; per partition, its latest (the next one waits on it)
-        self._flushing: list[asyncio.Task[None]] = []
-        self._flushing_bytes = 0
-        self._last_flush: dict[Hashable, asyncio.Task[None]] = {}
+        self._flushes = _Flushes()
 
     async def add(self, event: Event) -> None:
         """Add a consumed event to its partition's window; flush what is full."""
         tp = event.message.tp
         offset = int(event.message.offset)
         revocations = self._revocations.get(tp, 0)  # as delivered, before any wait
-        self._raise_failed()
+        self._flushes.raise_failed()
         if self.sealed is not None:
             return  # the version was sealed: nothing more is written or acked
         async with self._lock:
@@ -215,20 +274,10 @@ class ShardSink(Generic[T]):
             if window is None:
                 window = _Window(tp.partition, offset, self._adopted[tp], opened_at=self.clock())
                 self._windows[tp] = window
-            window.events.append(event)
-            window.end_offset = offset
             admitted = self.stage.admit(tp, event)
-            at = window.index.get(admitted.key) if admitted.key is not None else None
-            if at is None:
-                if admitted.key is not None:
-                    window.index[admitted.key] = len(window.items)
-                window.items.append(admitted.item)
-            else:
-                window.items[at] = admitted.item  # a later answer of the same prompt
-                self.stats.replaced += 1
-            window.tokens += admitted.tokens
-            window.size += admitted.size
-            self._grow(admitted.size)
+            if window.add(event, offset, admitted):
+                self.stats.replaced += 1  # a later answer of the same prompt
+            self.stats.grow(admitted.size)
             if len(window.events) >= self.max_records or window.tokens >= self.max_tokens:
                 await self._flush(tp)
             while self.stats.open_bytes > self.max_open_bytes and self._windows:
@@ -236,10 +285,10 @@ class ShardSink(Generic[T]):
                 self.stats.budget_flushes += 1
                 await self._flush(largest)
             # windows being written count too: intake waits for them to free their bytes
-            while self._flushing_bytes + self.stats.open_bytes > self.max_open_bytes:
-                if not self._flushing:
+            while self._flushes.bytes + self.stats.open_bytes > self.max_open_bytes:
+                if not self._flushes.tasks:
                     break
-                await self._wait_any()
+                await self._flushes.wait_any()
 
     async def flush_idle(self) -> None:
         """Flush the windows open for `idle_flush_s` or longer (called by a timer)."""
@@ -250,30 +299,26 @@ class ShardSink(Generic[T]):
 
     async def drain(self) -> None:
         """Wait for every flush in flight (a failed one raises here)."""
-        while self._flushing:
-            await self._wait_any()
+        while self._flushes.tasks:
+            await self._flushes.wait_any()
 
     def on_revoked(self, partitions: Iterable[Hashable]) -> None:
         """Drop the partitions' open windows unacked (the new owner redoes them)."""
         for tp in partitions:
             window = self._windows.pop(tp, None)
             if window is not None:
-                self._grow(-window.size)
+                self.stats.grow(-window.size)
             self._adopted.pop(tp, None)
             self._revocations[tp] = self._revocations.get(tp, 0) + 1
 
     # -- the protocol --------------------------------------------------------------------------
-
-    def _grow(self, size: int) -> None:
-        self.stats.open_bytes += size
-        self.stats.peak_open_bytes = max(self.stats.peak_open_bytes, self.stats.open_bytes)
 
     async def _adopt(self, tp: Any, first_offset: int) -> None:
         """First event of a partition since (re)assignment: `first_offset` is the committed
         position, `generation()` the group generation of this assignment."""
         generation = self.generation()
         revocations = self._revocations.get(tp, 0)
-        if (writing := self._last_flush.get(tp)) is not None:
+        if (writing := self._flushes.last.get(tp)) is not None:
             # this worker's own write of the partition (before a revocation) lands first, so
             # that the markers read next include it
             await asyncio.wait([writing])
@@ -303,28 +348,12 @@ class ShardSink(Generic[T]):
         )
 
     async def _flush(self, tp: Hashable) -> None:
-        """Start writing the partition's window; waits only while `MAX_FLUSHING` are busy."""
+        """Start writing the partition's window (`_Flushes.start`)."""
         window = self._windows.pop(tp, None)
         if window is None:
             return
-        self._grow(-window.size)
-        self._flushing_bytes += window.size
-        while len(self._flushing) >= MAX_FLUSHING:
-            await self._wait_any()
-        task = asyncio.create_task(self._write(tp, window, self._last_flush.get(tp)))
-        self._flushing.append(task)
-        self._last_flush[tp] = task
-
-    async def _wait_any(self) -> None:
-        """Until a flush in flight ends (a cancelled caller does not cancel the writes)."""
-        await asyncio.wait(self._flushing, return_when=asyncio.FIRST_COMPLETED)
-        self._raise_failed()
-
-    def _raise_failed(self) -> None:
-        """A flush that failed (a bug: storage I/O is retried) stops the agent, as before."""
-        for task in [t for t in self._flushing if t.done()]:
-            self._flushing.remove(task)
-            task.result()  # raises what the flush raised
+        self.stats.grow(-window.size)
+        await self._flushes.start(tp, window.size, partial(self._write, tp, window))
 
     async def _write(
         self, tp: Hashable, window: _Window[T], previous: asyncio.Task[None] | None
@@ -340,9 +369,7 @@ class ShardSink(Generic[T]):
                     raise RuntimeError(f"partition {window.partition}: an earlier write failed")
             await self._commit(tp, window, prepared)
         finally:
-            self._flushing_bytes -= window.size
-            if self._last_flush.get(tp) is asyncio.current_task():
-                del self._last_flush[tp]
+            self._flushes.ended(tp, window.size)
 
     async def _commit(self, tp: Hashable, window: _Window[T], prepared: Prepared) -> None:
         marker = await self._io(

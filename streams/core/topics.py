@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -24,6 +25,7 @@ from aiokafka.errors import (
     TopicAlreadyExistsError,
     for_code,
 )
+from aiokafka.protocol.api import Response
 
 from streams.core.errors import CliError
 from streams.core.retry import backoff as retry_backoff
@@ -201,14 +203,48 @@ async def _topic_config(
     if not names:
         return {}
     resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
-    found: dict[str, str | None] = dict.fromkeys(names)
-    for response in await admin.describe_configs(resources):
-        resource: Any
-        for resource in response.resources:  # (error, message, type, name, configs)
-            for config in resource[4]:
-                if config[0] == key and resource[3] in found:
-                    found[resource[3]] = config[1]
+    found = config_values(await admin.describe_configs(resources), key)
+    return {name: found.get(name) for name in names}
+
+
+# -- aiokafka's admin responses, read by field name in this one place ----------------------------
+# The admin client returns the raw protocol responses, whose nested entries are tuples in the
+# wire schema's order; `Response.to_object()` (public) names their fields, so a schema version
+# that adds or moves a field does not shift what we read.
+
+
+def config_values(responses: Iterable[Response], key: str) -> dict[str, str | None]:
+    """Each described resource's value of the config `key` (from `describe_configs`)."""
+    found: dict[str, str | None] = {}
+    for response in responses:
+        for resource in response.to_object()["resources"]:
+            for entry in resource["config_entries"]:
+                if entry["config_names"] == key:
+                    found[resource["resource_name"]] = entry["config_value"]
     return found
+
+
+@dataclass(frozen=True)
+class GroupState:
+    """One consumer group as `describe_consumer_groups` reports it."""
+
+    group: str
+    state: str
+    members: int
+
+
+def group_states(responses: Iterable[Response]) -> list[GroupState]:
+    """The groups of `describe_consumer_groups`' responses."""
+    return [
+        GroupState(group["group"], group["state"], len(group["members"]))
+        for response in responses
+        for group in response.to_object()["groups"]
+    ]
+
+
+def group_names(listed: Iterable[tuple[Any, ...]]) -> set[str]:
+    """The names of `list_consumer_groups`' (name, protocol type) pairs."""
+    return {str(name) for name, _protocol_type in listed}
 
 
 async def prepare_topics(kafka: KafkaSettings) -> KafkaSettings:
@@ -229,13 +265,11 @@ async def within_topic_limits(kafka: KafkaSettings) -> KafkaSettings:
         kafka, "reading the topics' limits", lambda admin: admin.describe_configs(resources)
     )
     lowest = kafka.max_message_bytes
-    for response in responses:
-        for resource in response.resources:  # (error, message, type, name, configs)
-            for config in resource[4]:
-                if config[0] == "max.message.bytes":
-                    topic = int(config[1])
-                    # the topic checks the compressed batch, which gzip can make a little larger
-                    lowest = min(lowest, topic - topic // 8192 - 1024)
+    for value in config_values(responses, "max.message.bytes").values():
+        if value is not None:
+            topic = int(value)
+            # the topic checks the compressed batch, which gzip can make a little larger
+            lowest = min(lowest, topic - topic // 8192 - 1024)
     if lowest == kafka.max_message_bytes:
         return kafka
     log.info("a topic accepts less than DRAFTGEN_KAFKA_MAX_MESSAGE_BYTES: limit %d bytes", lowest)

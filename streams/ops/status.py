@@ -27,6 +27,7 @@ from streams.core.settings import (
     StatusSettings,
     StorageSettings,
 )
+from streams.core.topics import group_names
 from streams.ops.heartbeat import HeartbeatReader
 from streams.ops.progress import DeadLetterReader, dataset_figures
 from streams.ops.status_view import (
@@ -164,7 +165,7 @@ class StatusProbe:
         they have not committed yet: the generate group and the asked datasets' groups."""
         assert self._admin is not None
         ours = self.kafka.group("draftgen-")
-        listed = {str(entry[0]) for entry in await self._admin.list_consumer_groups()}
+        listed = group_names(await self._admin.list_consumer_groups())
         names = {name for name in listed if name.startswith(ours)}
         names.add(self.kafka.group(GENERATE_GROUP))
         names.update(self.kafka.group(TOKENIZE_GROUP_PREFIX + d) for d in self.settings.datasets)

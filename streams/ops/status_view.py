@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from streams.ops.formatting import count, duration, percent, rate, table
 from streams.ops.heartbeat import Heartbeat
 
 # A worker whose last heartbeat is older than this is not shown at all (it is long gone).
@@ -158,8 +159,8 @@ def server_rows(beats: Iterable[Heartbeat], now: float) -> list[ServerRow]:
         requests_rate = _sum(live, "rates", "requests")
         errors: dict[str, int] = {}
         for beat in shown:
-            for kind, count in beat.errors.items():
-                errors[kind] = errors.get(kind, 0) + int(count)
+            for kind, times in beat.errors.items():
+                errors[kind] = errors.get(kind, 0) + int(times)
         rows.append(
             ServerRow(
                 server=server,
@@ -247,62 +248,6 @@ def estimate(
 
 
 # -- text ----------------------------------------------------------------------------------------
-
-
-def duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "unknown"
-    if seconds <= 0:
-        return "done"
-    total = round(seconds)
-    if total < 60:
-        return f"{max(total, 1)}s"
-    minutes, secs = divmod(total, 60)
-    if minutes < 60:
-        return f"{minutes}m {secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours}h {minutes:02d}m"
-    days, hours = divmod(hours, 24)
-    return f"{days}d {hours:02d}h"
-
-
-def count(value: int) -> str:
-    return f"{value:,}"
-
-
-def rate(value: float) -> str:
-    if value >= 100:
-        return f"{value:,.0f}"
-    if value >= 10:
-        return f"{value:.1f}"
-    return f"{value:.2f}"
-
-
-def percent(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
-    """Aligned columns: numbers right-aligned; the first column and the `_LEFT` ones (words)
-    left-aligned."""
-    widths = [len(h) for h in headers]
-    for row in rows:
-        for index, cell in enumerate(row):
-            widths[index] = max(widths[index], len(cell))
-    left = [index == 0 or headers[index] in _LEFT for index in range(len(headers))]
-
-    def line(cells: Sequence[str]) -> str:
-        parts = [
-            cell.ljust(widths[i]) if left[i] else cell.rjust(widths[i])
-            for i, cell in enumerate(cells)
-        ]
-        return (indent + "  ".join(parts)).rstrip()
-
-    return [line(headers), *(line(row) for row in rows)]
-
-
-_LEFT = {"topic", "reason", "paused", "metrics"}
 
 
 def _normalizations(counts: dict[str, int]) -> str:

@@ -20,7 +20,7 @@ from sinks.shards import SampleRow, ShardMarker, ShardStore
 from sinks.sink import STORAGE_BACKOFF, Admitted, Prepared, ShardSink, SinkStats
 from streams.core.crash_guard import CRASH_LOOP, CrashGuard
 from streams.core.delivery import Send, letter_output, send_dead_letter
-from streams.core.faults import AFTER_DEAD_LETTERS, AFTER_MARKER, CrashPoint
+from streams.core.faults import AFTER_DEAD_LETTERS, AFTER_MARKER, crash_point
 from streams.core.faust_app import Event
 from streams.core.records import CompletionRecord, DeadLetter, RecordError, origin_of
 from streams.core.retry import Backoff
@@ -123,8 +123,6 @@ class TokenizeWorker:
             **({"on_sealed": on_sealed} if on_sealed is not None else {}),
         )
         self.stats.sink = self.sink.stats
-        self._crash_after_marker = CrashPoint(AFTER_MARKER)
-        self._crash_after_dead_letters = CrashPoint(AFTER_DEAD_LETTERS)
 
     # -- SinkStage -----------------------------------------------------------------------------
 
@@ -184,12 +182,12 @@ class TokenizeWorker:
             output = letter_output(self.settings.kafka, self.dead_letters_topic, letter)
             await send_dead_letter(self.send, output, self.backoff, log)
         if letters:
-            self._crash_after_dead_letters.hit()
+            crash_point(AFTER_DEAD_LETTERS)
         drops = {letter.prompt_id: letter.kind for letter in letters if letter.prompt_id}
         return Prepared(rows, drops)
 
     def committed(self, marker: ShardMarker, items: list[Item]) -> None:
-        self._crash_after_marker.hit()
+        crash_point(AFTER_MARKER)
         self.stats.shards += 1 if marker.rows else 0
         self.stats.samples += marker.rows
         self.stats.tokens += marker.tokens

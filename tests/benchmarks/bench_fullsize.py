@@ -40,23 +40,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import glob
 import json
-import math
 import multiprocessing
 import os
 import pickle
-import random
 import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import tempfile
-import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,400 +59,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-SEED_SAMPLES = 902_087
-SEED_TOKENS = 1_870_000_000
+from tests.benchmarks.fullsize_pool import SEED_SAMPLES, make_pool_files, plan, produce_share
+from tests.benchmarks.fullsize_report import summary, table
+from tests.benchmarks.process_sampler import Sampler
+
 PARTITIONS = 64
-MIN_LEN, MAX_LEN = 64, 131_072
-SIGMA = 1.1  # of log length: ~0.1% of samples above 32K tokens, ~1e-5 above 120K
-MU = math.log(SEED_TOKENS / SEED_SAMPLES) - SIGMA**2 / 2  # so the mean is the seed's
-TAIL = (40_000, 64_000, 96_000, 112_000, 126_000)  # pool entries beyond the body's quantiles
-PLACEHOLDER = b"@@prompt-id@@000"  # 16 bytes, replaced by each record's own prompt id
-SOURCES = {"instruct": "general-instruction", "code": "code", "chat": "general-instruction"}
 BUCKET = "bench"
-
-
-def prompt_id(index: int) -> bytes:
-    return f"fs{index:014d}".encode()  # as long as PLACEHOLDER
-
-
-# -- the pool ----------------------------------------------------------------------------------
-
-
-def _corpus() -> str:
-    stdlib = sysconfig.get_paths()["stdlib"]
-    files = sorted(glob.glob(os.path.join(stdlib, "*.py")))
-    return "\n".join(Path(f).read_text(encoding="utf-8", errors="replace") for f in files)
-
-
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": description,
-            "parameters": {
-                "type": "object",
-                "properties": {arg: {"type": "string", "description": f"the {arg}"}},
-                "required": [arg],
-            },
-        },
-    }
-    for name, description, arg in (
-        ("read_file", "Read a file of the repository", "path"),
-        ("run_shell", "Run a shell command in the sandbox", "command"),
-        ("search_code", "Search the repository for a pattern", "pattern"),
-    )
-]
-
-
-class _Text:
-    def __init__(self, rng: random.Random):
-        self.corpus = _corpus()
-        self.rng = rng
-
-    def piece(self, tokens: int) -> str:
-        chars = max(8, int(tokens * 3.2))  # ~3.2 characters per token on this text
-        start = self.rng.randrange(0, len(self.corpus) - chars)
-        return self.corpus[start : start + chars]
-
-
-def _record(kind: str, length: int, text: _Text, rng: random.Random) -> Any:
-    """A completion of about `length` tokens (prompt + generated turn) of one kind."""
-    from streams.core.records import CompletionRecord
-
-    share = {"instruct": (0.1, 0.5), "code": (0.2, 0.6), "chat": (0.3, 0.7), "agentic": (0.5, 0.9)}
-    prompt = int(length * rng.uniform(*share[kind]))
-    output = max(16, length - prompt)
-    reasoning = int(output * rng.uniform(0.3, 0.8))
-    messages: list[dict[str, Any]] = [{"role": "system", "content": text.piece(40)}]
-    tools, calls, content = None, None, "\n\n" + text.piece(output - reasoning)
-    if kind == "chat":
-        turns = rng.randint(1, 3)
-        for _ in range(turns):
-            messages += [
-                {"role": "user", "content": text.piece(prompt // (2 * turns + 1))},
-                {"role": "assistant", "content": text.piece(prompt // (2 * turns + 1))},
-            ]
-        messages.append({"role": "user", "content": text.piece(prompt // (2 * turns + 1))})
-    elif kind == "agentic":
-        tools = TOOLS
-        messages.append({"role": "user", "content": text.piece(max(20, prompt // 10))})
-        steps = rng.randint(1, 4)
-        for step in range(steps):
-            call_id = f"call_{step}"
-            tool = rng.choice(TOOLS)["function"]
-            argument = next(iter(tool["parameters"]["properties"]))
-            messages += [
-                {
-                    "role": "assistant",
-                    "content": "",
-                    "tool_calls": [
-                        {
-                            "id": call_id,
-                            "type": "function",
-                            "function": {
-                                "name": tool["name"],
-                                "arguments": json.dumps({argument: text.piece(8).strip()}),
-                            },
-                        }
-                    ],
-                },
-                {"role": "tool", "tool_call_id": call_id, "content": text.piece(prompt // steps)},
-            ]
-        if rng.random() < 0.6:  # the generated turn calls a tool
-            content = ""
-            calls = [
-                {
-                    "id": f"call_{steps}",
-                    "type": "function",
-                    "function": {
-                        "name": "run_shell",
-                        "arguments": json.dumps({"command": text.piece(output - reasoning)}),
-                    },
-                }
-            ]
-    else:
-        messages.append({"role": "user", "content": text.piece(prompt)})
-    return CompletionRecord(
-        prompt_id=PLACEHOLDER.decode(),
-        messages=messages,
-        source="agentic-coding" if kind == "agentic" else SOURCES[kind],
-        tools=tools,
-        reasoning_content=text.piece(reasoning),
-        content=content,
-        tool_calls=calls,
-        finish_reason="tool_calls" if calls else "stop",
-        model="Qwen/Qwen3.6-27B",
-        server="http://gpu-00:30000",
-        sampling={"temperature": 0.6, "chat_template_kwargs": {"enable_thinking": True}},
-    )
-
-
-def make_pool(tokenizer_dir: Path, size: int, seed: int) -> tuple[list[bytes], np.ndarray]:
-    """(encoded records with PLACEHOLDER as prompt id, each one's tokens). Body lengths at the
-    mix's quantiles, plus the TAIL; ids are the stage's own rendering (the tokenizer's encoder)."""
-    from statistics import NormalDist
-
-    from tests.benchmarks.bench_tokenize import rendering_builder
-
-    builder = rendering_builder(tokenizer_dir)
-    rng = random.Random(seed)
-    text = _Text(rng)
-    normal = NormalDist()
-    lengths = [
-        min(MAX_LEN, max(MIN_LEN, int(math.exp(MU + SIGMA * normal.inv_cdf((i + 0.5) / size)))))
-        for i in range(size)
-    ] + list(TAIL)
-    kinds = ["instruct"] * 40 + ["code"] * 15 + ["chat"] * 20 + ["agentic"] * 25
-    records, tokens = [], []
-    for length in lengths:
-        record = _record(rng.choice(kinds), length, text, rng)
-        sample = builder.build(record)
-        prompt_len = len(sample.input_ids) - sample.num_loss_tokens
-        record.prompt_token_ids = sample.input_ids[:prompt_len].tolist()
-        record.output_token_ids = sample.input_ids[prompt_len:].tolist()
-        record.usage = {
-            "prompt_tokens": prompt_len,
-            "completion_tokens": sample.num_loss_tokens,
-            "total_tokens": len(sample.input_ids),
-        }
-        raw = record.encode()
-        assert raw.count(PLACEHOLDER) == 1, "the placeholder must be the prompt id alone"
-        records.append(raw)
-        tokens.append(len(sample.input_ids))
-    return records, np.asarray(tokens, dtype=np.int64)
-
-
-def _make_pool_files(tokenizer: Path, root: Path, size: int, seed: int) -> None:
-    from compose.tiny_tokenizers import build_qwen36_tokenizer
-
-    build_qwen36_tokenizer(tokenizer, vocab="qwen")
-    pool, tokens = make_pool(tokenizer, size, seed)
-    (root / "pool.pkl").write_bytes(pickle.dumps(pool))
-    np.save(root / "pool-tokens.npy", tokens)
-
-
-def plan(count: int, pool_tokens: np.ndarray, seed: int) -> np.ndarray:
-    """The pool entry of each record: the one whose length is nearest a draw from the mix."""
-    rng = np.random.default_rng(seed)
-    wanted = rng.lognormal(MU, SIGMA, count).clip(MIN_LEN, MAX_LEN)
-    order = np.argsort(pool_tokens, kind="stable")
-    lengths = pool_tokens[order]
-    at = np.searchsorted(lengths, wanted).clip(1, len(lengths) - 1)
-    left_nearer = (wanted - lengths[at - 1]) < (lengths[at] - wanted)
-    return np.asarray(order[np.where(left_nearer, at - 1, at)], dtype=np.int32)
-
-
-# -- producing ---------------------------------------------------------------------------------
-
-
-def _produce_share(kafka_json: str, pool_path: str, plan_path: str, share: int, of: int) -> None:
-    """One producer process: records share, share + of, … of the plan."""
-    from aiokafka import AIOKafkaProducer
-
-    from streams.core.settings import COMPLETIONS, KafkaSettings
-
-    kafka = KafkaSettings.model_validate_json(kafka_json)
-    pool: list[bytes] = pickle.loads(Path(pool_path).read_bytes())
-    picks = np.load(plan_path)
-
-    async def produce() -> None:
-        producer = AIOKafkaProducer(
-            **kafka.aiokafka_kwargs(),
-            **kafka.producer_kwargs(),
-            linger_ms=5,
-            max_batch_size=1024 * 1024,
-        )
-        await producer.start()
-        topic = kafka.topic(COMPLETIONS)
-        try:
-            pending = []
-            for index in range(share, len(picks), of):
-                key = prompt_id(index)
-                value = pool[picks[index]].replace(PLACEHOLDER, key, 1)
-                pending.append(await producer.send(topic, value, key=key))
-                if len(pending) >= 512:  # bounded: the producer's buffer, not the run
-                    await asyncio.gather(*pending)
-                    pending.clear()
-            await asyncio.gather(*pending)
-        finally:
-            await producer.stop()
-
-    asyncio.run(produce())
-
-
-# -- processes: RSS and CPU over the whole run -----------------------------------------------
-
-
-def _proc_stat(pid: int) -> tuple[int, float, float] | None:
-    """(parent pid, CPU seconds, RSS MiB) of a live process, else None."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    ticks = os.sysconf("SC_CLK_TCK")
-    page = os.sysconf("SC_PAGE_SIZE")
-    return (
-        int(fields[1]),
-        (int(fields[11]) + int(fields[12])) / ticks,
-        int(fields[21]) * page / 2**20,
-    )
-
-
-def _label(pid: int) -> str:
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return "?"
-    words = [a.decode(errors="replace") for a in argv if a]
-    if any(w.endswith("java") for w in words[:1]):
-        return "kafka"
-    if words and words[0].endswith("weed"):
-        return "seaweedfs"
-    if "streams" in words:
-        command = words[words.index("streams") + 1 :]
-        command = [w for w in command if w not in ("--log-level", "INFO", "WARNING")]
-        name = command[0] if command else "draftgen"
-        if name == "replay":
-            return "replay worker" if "--settings" in command else "replay (parent)"
-        return name
-    if pid == os.getpid():
-        return "benchmark"
-    if "multiprocessing" in " ".join(words):
-        return "bench helper"  # the pool's maker, then the producers
-    return Path(words[0]).name if words else "?"
-
-
-@dataclass
-class Series:
-    label: str
-    t: list[float] = field(default_factory=list)
-    rss_mb: list[float] = field(default_factory=list)
-    cpu_s: float = 0.0  # the latest reading
-
-
-class Sampler:
-    """Every `interval` s: RSS and CPU time of this process and every process under it."""
-
-    def __init__(self, interval: float = 0.5):
-        self.interval = interval
-        self.started = time.monotonic()
-        self.series: dict[int, Series] = {}
-        self.stages: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Sampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def now(self) -> float:
-        return time.monotonic() - self.started
-
-    def _tree(self) -> dict[int, tuple[float, float]]:
-        """pid → (CPU s, RSS MiB) of this process and its descendants."""
-        stats = {}
-        for entry in os.listdir("/proc"):
-            if entry.isdigit() and (stat := _proc_stat(int(entry))) is not None:
-                stats[int(entry)] = stat
-        children: dict[int, list[int]] = {}
-        for pid, (parent, _, _) in stats.items():
-            children.setdefault(parent, []).append(pid)
-        mine, frontier = {os.getpid()}, [os.getpid()]
-        while frontier:
-            for child in children.get(frontier.pop(), []):
-                if child not in mine:
-                    mine.add(child)
-                    frontier.append(child)
-        return {pid: stats[pid][1:] for pid in mine if pid in stats}
-
-    def sample(self) -> dict[int, float]:
-        """Read now; returns pid → CPU s."""
-        t = self.now()
-        tree = self._tree()
-        with self._lock:
-            for pid, (cpu, rss) in tree.items():
-                series = self.series.get(pid)
-                if series is None:
-                    series = self.series[pid] = Series(_label(pid))
-                series.t.append(t)
-                series.rss_mb.append(rss)
-                series.cpu_s = cpu
-        return {pid: cpu for pid, (cpu, _) in tree.items()}
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.sample()
-
-    @contextmanager
-    def stage(self, name: str) -> Iterator[dict[str, Any]]:
-        """Times a stage and sums its CPU by process label (processes that ended during it
-        count up to their last reading)."""
-        before = self.sample()
-        start = self.now()
-        info: dict[str, Any] = {"stage": name, "start_s": start}
-        try:
-            yield info
-        finally:
-            after = self.sample()
-            end = self.now()
-            cpu: dict[str, float] = {}
-            peak: dict[str, float] = {}
-            with self._lock:
-                for pid, series in self.series.items():
-                    if series.t[-1] < start:
-                        continue
-                    used = after.get(pid, series.cpu_s) - before.get(pid, 0.0)
-                    cpu[series.label] = cpu.get(series.label, 0.0) + used
-                    during = [r for t, r in zip(series.t, series.rss_mb, strict=True) if t >= start]
-                    peak[series.label] = max(peak.get(series.label, 0.0), *during, 0.0)
-            info.update(
-                end_s=end,
-                wall_s=end - start,
-                cpu_s={k: round(v, 2) for k, v in cpu.items()},
-                rss_mb={k: round(v, 1) for k, v in peak.items()},
-            )
-            self.stages.append(info)
-
-    def peaks(self) -> dict[str, float]:
-        """Peak RSS MiB per label (the largest process of that label)."""
-        with self._lock:
-            peaks: dict[str, float] = {}
-            for series in self.series.values():
-                peaks[series.label] = max(peaks.get(series.label, 0.0), max(series.rss_mb))
-        return peaks
-
-    def plot(self, path: Path, limit_mb: float = 1536) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        figure, axes = plt.subplots(figsize=(13, 6))
-        with self._lock:
-            series = [s for s in self.series.values() if max(s.rss_mb) >= 20]
-        colours: dict[str, Any] = {}
-        for s in series:
-            colour = colours.setdefault(s.label, f"C{len(colours) % 10}")
-            label = s.label if s.label not in axes.get_legend_handles_labels()[1] else None
-            axes.plot([t / 60 for t in s.t], s.rss_mb, color=colour, linewidth=1, label=label)
-        for i, stage in enumerate(self.stages):
-            axes.axvspan(stage["start_s"] / 60, stage["end_s"] / 60, alpha=0.06, color=f"C{i % 10}")
-            height = limit_mb * (1.0 - 0.05 * (i % 4))  # staggered: short stages are close
-            axes.text(stage["start_s"] / 60, height, stage["stage"], fontsize=7)
-        axes.axhline(limit_mb, color="red", linestyle="--", linewidth=0.8)
-        axes.set_xlabel("minutes")
-        axes.set_ylabel("RSS (MiB)")
-        axes.set_ylim(0, limit_mb * 1.1)
-        axes.legend(loc="lower right", fontsize=8, ncols=3)
-        figure.tight_layout()
-        figure.savefig(path, dpi=110)
-        plt.close(figure)
 
 
 # -- commands, S3 and Kafka figures -----------------------------------------------------------
@@ -716,7 +322,7 @@ def rehearse(run: Run) -> None:
             # in a process of its own: the tokenizer and the pool do not stay in this one
             context = multiprocessing.get_context("spawn")
             maker = context.Process(
-                target=_make_pool_files, args=(run.tokenizer, run.root, args.pool, args.seed)
+                target=make_pool_files, args=(run.tokenizer, run.root, args.pool, args.seed)
             )
             maker.start()
             maker.join()
@@ -752,7 +358,7 @@ def rehearse(run: Run) -> None:
             context = multiprocessing.get_context("spawn")
             producers = [
                 context.Process(
-                    target=_produce_share,
+                    target=produce_share,
                     args=(
                         run.kafka.model_dump_json(),
                         str(run.root / "pool.pkl"),
@@ -803,85 +409,6 @@ def rehearse(run: Run) -> None:
                 if f.is_file()
             ),
         }
-
-
-# the rows of the three-size table: stage name, the processes whose CPU is the stage's
-TABLE = (
-    ("produce completions", ("bench helper",)),
-    ("replay nodrift", ("replay worker", "replay (parent)")),
-    ("replay drift", ("replay worker", "replay (parent)")),
-    ("seal nodrift", ("seal",)),
-    ("export nodrift", ("export",)),
-    ("report nodrift", ("report",)),
-)
-
-
-def table(paths: Sequence[Path]) -> str:
-    """The markdown table of the results of several scales, side by side."""
-    results = [json.loads(Path(p).read_text()) for p in paths]
-    head = " | ".join(f"scale {r['scale']}" for r in results)
-    lines = [f"| stage: wall s / M tokens/s / CPU s per 1M tokens / peak RSS MiB | {head} |"]
-    lines.append("|---" * (len(results) + 1) + "|")
-    for name, labels in TABLE:
-        cells = []
-        for r in results:
-            stage = next((s for s in r["stages"] if s["stage"] == name), None)
-            if stage is None:
-                cells.append("not run")
-                continue
-            tokens = r["data"]["tokens"]
-            cpu = sum(stage["cpu_s"].get(label, 0.0) for label in labels)
-            rss = stage.get("peak_rss_mb") or max(
-                (stage.get("rss_mb", {}).get(label, 0.0) for label in labels), default=0.0
-            )
-            cells.append(
-                f"{stage['wall_s']:,.1f} / {tokens / stage['wall_s'] / 1e6:.2f} / "
-                f"{cpu / tokens * 1e6:.2f} / {rss:,.0f}"
-            )
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    extra = {
-        "records": lambda r: f"{r['records']:,}",
-        "tokens": lambda r: f"{r['data']['tokens']:,}",
-        "samples above 32K / 100K tokens": lambda r: (
-            f"{r['data']['above_32k']:,} / {r['data']['above_100k']:,}"
-        ),
-        "topic on disk, as produced here (uncompressed)": lambda r: (
-            f"{r['topic_bytes'] / 1e9:.2f} GB"
-        ),
-        "topic gzipped, as the pipeline stores it": lambda r: (
-            f"{r['data']['gzip_record_bytes'] / 1e9:.2f} GB"
-        ),
-        "status after seal: s / peak MiB": _status_cell,
-        "peak RSS of any process, MiB": lambda r: f"{max(r['peak_rss_mb'].values()):,.0f}",
-    }
-    for name, cell in extra.items():
-        lines.append(f"| {name} | " + " | ".join(cell(r) for r in results) + " |")
-    return "\n".join(lines)
-
-
-def _status_cell(result: dict[str, Any]) -> str:
-    seal = next((s for s in result["stages"] if s["stage"].startswith("seal")), None)
-    status = (seal or {}).get("status")
-    return f"{status['wall_s']:.1f} / {status['peak_rss_mb']:,.0f}" if status else "not run"
-
-
-def summary(result: dict[str, Any]) -> None:
-    tokens = result.get("data", {}).get("tokens", 0)
-    print(f"\nscale {result.get('scale')}: {result.get('records', 0):,} records, {tokens:,} tokens")
-    print(f"{'stage':<28} {'wall s':>8} {'tokens/s':>12} {'CPU s/1M tok':>13}  CPU by process")
-    for stage in result.get("stages", []):
-        cpu = stage.get("cpu_s", {})
-        own = sum(v for k, v in cpu.items() if k not in ("kafka", "seaweedfs", "benchmark"))
-        rate = tokens / stage["wall_s"] if stage["wall_s"] else 0
-        per = own / tokens * 1e6 if tokens else 0
-        print(
-            f"{stage['stage']:<28} {stage['wall_s']:8.1f} {rate:12,.0f} {per:13.2f}  "
-            + ", ".join(f"{k} {v:.0f}" for k, v in sorted(cpu.items()) if v >= 0.5)
-        )
-    print(
-        "peak RSS MiB: "
-        + ", ".join(f"{k} {v:.0f}" for k, v in result.get("peak_rss_mb", {}).items())
-    )
 
 
 if __name__ == "__main__":

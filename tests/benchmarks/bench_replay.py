@@ -45,17 +45,13 @@ import math
 import os
 import re
 import shlex
-import statistics
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import orjson
-from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -71,13 +67,18 @@ from streams.tokenize.encoder import TWIN_READY
 from tests.benchmarks.bench_tokenize import Measure, make_data, measure, write_data
 from tests.benchmarks.cgroups import CpuCaps, CpuGroup, Throttling, available, cpu_caps
 from tests.benchmarks.proc import cpu_s, peak_rss_mib
+from tests.benchmarks.replay_produce import (
+    PARTITIONS,
+    Keyed,
+    keyed_records,
+    produce,
+    produce_fast,
+    warmup_records,
+)
+from tests.benchmarks.replay_report import Result, WarmFigures, print_warm_run, report, report_warm
 from tests.integration.probes import stable_members
 from tests.polling import wait_for
 
-PARTITIONS = 16
-KIMI_RUN_TOKENS = 1_870_000_000
-KIMI_RUN_SAMPLES = 902_087
-CORES_16 = 16
 # the default size of a capped warm run: the largest worker count at the cap runs this long,
 # from the CPU a token costs capped (1.7–2.0 µs measured) and the tokens of a completion
 CAPPED_RUN_S = 64.0
@@ -90,121 +91,6 @@ MAX_DISTINCT = 2000
 ADOPTED = re.compile(r"partition (\d+): adopted at offset (\d+) in generation (\d+)")
 
 
-@dataclass
-class Result:
-    workers: int
-    seconds: float
-    steady_s: float
-    samples: int
-    tokens: int
-    cpu_s: float
-    peak_rss_mb: float
-    # warm runs: how long producing the completions took (the workers consumed meanwhile)
-    producing_s: float = 0.0
-    extra: WarmFigures | None = None
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds
-
-    @property
-    def steady_tokens_per_s(self) -> float:
-        return self.tokens / self.steady_s
-
-    @property
-    def cpu_us_per_token(self) -> float:
-        return self.cpu_s * 1e6 / self.tokens
-
-
-async def _produce(kafka: KafkaSettings, records: list[bytes]) -> None:
-    await ensure_topics(kafka)
-    producer = AIOKafkaProducer(**kafka.aiokafka_kwargs(), linger_ms=20)
-    await producer.start()
-    try:
-        sends = [await producer.send(kafka.topic(COMPLETIONS), raw) for raw in records]
-        await asyncio.gather(*sends)
-    finally:
-        await producer.stop()
-
-
-@dataclass
-class WarmFigures:
-    """What a warm run's time went to, besides the tokens."""
-
-    quota: float | None  # cores per worker, None: uncapped
-    worker_cpu_s: list[float]  # each worker's user+system seconds over the run
-    throttling: Throttling  # summed over the workers' groups, over the run
-    idle_cpu_per_s: float  # a worker's CPU per second joined and idle, before the run
-    lag_after_producing: int  # completions not yet committed when the last was acked
-    windows: int  # markers written
-    superseded: int  # of those, overlapped by a newer writer's (redone)
-    generations: list[int] = field(default_factory=list)  # of the windows written
-    readopted: int = 0  # partitions adopted again during the run (a rebalance)
-    # seconds from the start to each worker's last partition being caught up
-    finished_s: list[float] = field(default_factory=list)
-    rows_per_window: float = 0.0
-    warmup: int = 0  # completions through the workers before the clock (not counted)
-    ready_s: float = 0.0  # from the spawn to joined with the encoder ready (capped too)
-    warmup_cpu_s: float = 0.0  # a worker's CPU for the warm-up completions
-
-    def budget_use(self, seconds: float) -> float:
-        """The workers' CPU over their budgets (or over the machine when uncapped)."""
-        cores = self.quota or (os.cpu_count() or 1) / len(self.worker_cpu_s)
-        return sum(self.worker_cpu_s) / (cores * len(self.worker_cpu_s) * seconds)
-
-
-Keyed = tuple[bytes, bytes, int | None]  # key, value, partition (None: by the key)
-
-
-def _keyed(records: list[bytes], count: int | None = None) -> list[Keyed]:
-    """(key, value) as the generate stage sends them: keyed by prompt_id, so every run puts
-    the same completions on the same partitions. `count` beyond the distinct records: copies
-    under new prompt ids (the text is what costs, not its novelty). Encoded before any clock
-    starts."""
-    count = len(records) if count is None else count
-    keyed: list[Keyed] = []
-    for index in range(count):
-        record = orjson.loads(records[index % len(records)])
-        if index >= len(records):
-            record["prompt_id"] = f"p{index:07d}"
-        keyed.append((str(record["prompt_id"]).encode(), orjson.dumps(record), None))
-    return keyed
-
-
-def _warmup(records: list[Keyed], per_partition: int) -> list[Keyed]:
-    """Completions under prompt ids of their own, `per_partition` on every partition."""
-    chosen = []
-    for index in range(PARTITIONS * per_partition):
-        record = orjson.loads(records[index % len(records)][1])
-        record["prompt_id"] = f"warmup-{index:05d}"
-        chosen.append((record["prompt_id"].encode(), orjson.dumps(record), index % PARTITIONS))
-    return chosen
-
-
-async def _produce_fast(kafka: KafkaSettings, records: list[Keyed]) -> dict[int, int]:
-    """Sends pre-encoded records in large batches; returns each partition's end offset."""
-    producer = AIOKafkaProducer(
-        **kafka.aiokafka_kwargs(),
-        linger_ms=5,
-        max_batch_size=1 << 20,
-        max_request_size=kafka.max_message_bytes,
-    )
-    await producer.start()
-    try:
-        topic = kafka.topic(COMPLETIONS)
-        sends = [
-            await producer.send(topic, value, key=key, partition=partition)
-            for key, value, partition in records
-        ]
-        sent = await asyncio.gather(*sends)
-    finally:
-        await producer.stop()
-    ends: dict[int, int] = {}
-    for meta in sent:
-        ends[meta.partition] = max(ends.get(meta.partition, 0), meta.offset + 1)
-    return ends
-
-
 async def _timed(
     kafka: KafkaSettings, group: str, records: list[Keyed], timeout_s: float
 ) -> tuple[float, dict[int, int], dict[int, float], int]:
@@ -214,7 +100,7 @@ async def _timed(
     are counted from the first send."""
     topic = kafka.topic(COMPLETIONS)
     started = time.monotonic()
-    ends = await _produce_fast(kafka, records)
+    ends = await produce_fast(kafka, records)
     producing_s = time.monotonic() - started
     admin = AIOKafkaAdminClient(**kafka.aiokafka_kwargs())
     await admin.start()
@@ -315,7 +201,7 @@ def run_warm(
             # have adopted their partitions and written a shard (the first one imports pandas
             # through pyarrow: seconds of CPU)
             _, warm_offsets, _, _ = asyncio.run(
-                _timed(kafka, kafka.group(group), _warmup(records, warmup), 600)
+                _timed(kafka, kafka.group(group), warmup_records(records, warmup), 600)
             )
             # counted, not sealed: a sealed version stops its workers (README, failure table)
             warm_samples, warm_tokens = _settled(store, warm_offsets)
@@ -471,12 +357,12 @@ def main(argv: list[str] | None = None) -> dict[int, list[Result]]:
             # copied under new prompt ids up to the count
             distinct = min(args.completions, MAX_DISTINCT) if args.warm_only else args.completions
             records, texts = make_data(tokenizer, distinct)
-            keyed = _keyed(records, args.completions)
+            keyed = keyed_records(records, args.completions)
             baseline: list[Measure] = []
             data = root / "data.json"
             if not args.warm_only:
                 write_data(data, tokenizer, records, texts)
-                asyncio.run(_produce(kafka, records))
+                asyncio.run(produce(kafka, records))
             del texts
             for run in range(args.repeats):
                 if not args.warm_only:
@@ -501,7 +387,7 @@ def main(argv: list[str] | None = None) -> dict[int, list[Result]]:
                             shlex.split(args.worker_args),
                         )
                     warm[n].append(result)
-                    _print_warm_run(result)
+                    print_warm_run(result)
     if not args.warm_only:
         report(results, baseline, args)
     report_warm(warm, args, quota)
@@ -511,120 +397,6 @@ def main(argv: list[str] | None = None) -> dict[int, list[Result]]:
 @contextlib.contextmanager
 def _no_caps() -> Iterator[None]:
     yield None
-
-
-def _print_warm_run(r: Result) -> None:
-    """One run's figures as soon as it ends (the table comes at the end)."""
-    x = r.extra
-    assert x is not None
-    print(
-        f"  {r.workers} workers (ready in {x.ready_s:.0f} s; {x.warmup} completions to warm "
-        f"up, {x.warmup_cpu_s:.1f} CPU s a worker): {r.seconds:.1f} s, {r.tokens:,} tokens, "
-        f"producing "
-        f"{r.producing_s:.1f} s (lag then {x.lag_after_producing}), workers' CPU "
-        f"{' '.join(f'{c:.1f}' for c in x.worker_cpu_s)} s, budget use "
-        f"{x.budget_use(r.seconds):.0%}, idle {x.idle_cpu_per_s * 1000:.0f} ms/s a worker, "
-        f"throttled {x.throttling.throttled}/{x.throttling.periods} periods "
-        f"({x.throttling.throttled_s:.1f} s), windows {x.windows} "
-        f"({x.rows_per_window:.0f} rows each), superseded {x.superseded}, generations "
-        f"{x.generations}, re-adopted {x.readopted}, workers done at "
-        f"{' '.join(f'{t:.1f}' for t in x.finished_s)} s",
-        flush=True,
-    )
-
-
-def report_warm(
-    warm: dict[int, list[Result]], args: argparse.Namespace, quota: float | None
-) -> None:
-    median = statistics.median
-    first = warm[min(warm)]
-    base = median([r.tokens_per_s for r in first])
-    base_cpu = median([r.cpu_us_per_token for r in first])
-    base_use = median([r.extra.budget_use(r.seconds) for r in first if r.extra])
-    capped = f"each worker capped at {quota} core" if quota else "uncapped"
-    if args.worker_args:
-        capped += f", workers given {args.worker_args}"
-    print(
-        f"warm workers, {capped} (joined, encoders ready, {args.warmup} completions a "
-        f"partition through them, then the {args.completions} completions produced): from "
-        "the first send to the version caught up"
-    )
-    print(
-        "workers  s (min–max)          tokens/s   ratio  eff.  producing s  CPU µs/token  "
-        "budget use  throttled s  windows  superseded  last worker − first s  "
-        "1.87B here  1.87B on 16 cores"
-    )
-    for n, runs in warm.items():
-        seconds = [r.seconds for r in runs]
-        rate = median([r.tokens_per_s for r in runs])
-        cpu_per_token = median([r.cpu_us_per_token for r in runs]) / 1e6
-        spread = f"{median(seconds):.1f} ({min(seconds):.1f}–{max(seconds):.1f})"
-        extras = [r.extra for r in runs if r.extra is not None]
-        use = median([r.extra.budget_use(r.seconds) for r in runs if r.extra])
-        throttled = median([x.throttling.throttled_s for x in extras])
-        windows = median([x.windows for x in extras])
-        superseded = median([x.superseded for x in extras])
-        tail = median([x.finished_s[-1] - x.finished_s[0] for x in extras if x.finished_s])
-        print(
-            f"{n:>7}  {spread:<18} {rate:>10,.0f}  {rate / base:5.2f}  {rate / base / n:4.2f}  "
-            f"{median([r.producing_s for r in runs]):11.1f}  {cpu_per_token * 1e6:12.2f}  "
-            f"{use:10.0%}  {throttled:11.1f}  {windows:7.0f}  {superseded:10.0f}  "
-            f"{tail:21.1f}  {KIMI_RUN_TOKENS / rate / 3600:8.2f} h  "
-            f"{KIMI_RUN_TOKENS * cpu_per_token / CORES_16 / 3600:15.2f} h"
-        )
-    if quota:
-        print(
-            "eff. = ratio / workers = (budget use ÷ 1 worker's) × (1 worker's CPU per token ÷ "
-            f"this one's); 1 worker: budget use {base_use:.0%}, {base_cpu:.2f} µs/token"
-        )
-    else:
-        print(
-            "uncapped: the workers share the machine's cores with the broker and the producer, "
-            "so the ratios show this machine's limit, not scaling"
-        )
-
-
-def report(
-    results: dict[int, list[Result]], baseline: list[Measure], args: argparse.Namespace
-) -> None:
-    median = statistics.median
-    base = results[min(results)]
-    base_steady = median([r.steady_tokens_per_s for r in base])
-    sample = base[0]
-    encode = [m.tokens_per_s for m in baseline]
-    print(
-        f"encode_batch_fast on the same texts: {median(encode):,.0f} tokens/s "
-        f"({min(encode):,.0f}–{max(encode):,.0f}); one worker's steady rate is "
-        f"{base_steady / median(encode):.2f}× it"
-    )
-    print(
-        f"replay of {args.completions} completions ({sample.tokens} tokens, "
-        f"{sample.tokens / max(sample.samples, 1):.0f} per sample; the Kimi run averaged "
-        f"{KIMI_RUN_TOKENS / KIMI_RUN_SAMPLES:.0f}), {PARTITIONS} partitions, {os.cpu_count()} "
-        f"cores shared with the broker; medians of {args.repeats} (min–max)"
-    )
-    base_wall = median([r.tokens_per_s for r in base])
-    print(
-        "workers  wall s  tokens/s (wall)  ratio  steady tokens/s (min–max)       "
-        "CPU µs/token  peak RSS MB  1.87B here (steady–wall)  1.87B on 16 cores"
-    )
-    for n, runs in results.items():
-        wall = median([r.tokens_per_s for r in runs])
-        steady = [r.steady_tokens_per_s for r in runs]
-        cpu_per_token = median([r.cpu_us_per_token for r in runs]) / 1e6
-        # a long run lies between: its start-up is amortized, its steady rate is not reached
-        # by the work done before the first window commits
-        here = (
-            f"{KIMI_RUN_TOKENS / median(steady) / 3600:.2f}–{KIMI_RUN_TOKENS / wall / 3600:.2f} h"
-        )
-        cores16_h = KIMI_RUN_TOKENS * cpu_per_token / CORES_16 / 3600
-        spread = f"({min(steady):,.0f}–{max(steady):,.0f})"
-        print(
-            f"{n:>7}  {median([r.seconds for r in runs]):6.1f}  {wall:>15,.0f}  "
-            f"{wall / base_wall:5.2f}  {median(steady):>9,.0f} {spread:<22} "
-            f"{cpu_per_token * 1e6:12.2f}  {median([r.peak_rss_mb for r in runs]):11.0f}  "
-            f"{here:>24}  {cores16_h:15.2f} h"
-        )
 
 
 if __name__ == "__main__":

@@ -18,12 +18,14 @@ from compose.stack import LocalStack
 from compose.tiny_tokenizers import build_qwen36_tokenizer
 from producers.publish import PublishSummary, publish
 from producers.sources import parse_source_spec
+from sinks.reader import DatasetReader
 from sinks.shards import ShardStore
 from streams.cli.run import RunResult, wait_until_done
 from streams.core.records import CompletionRecord, DeadLetter
 from streams.core.settings import COMPLETIONS, KafkaSettings
 from streams.ops.dead_letters import read_dead_letters
 from streams.ops.progress import dataset_figures
+from tests.faults import LAUNCHER, Crash
 
 WORDS = [
     "refactor",
@@ -223,7 +225,11 @@ class Pipeline:
         dataset: str | None = None,
         name: str = "tokenize",
         env: dict[str, str] | None = None,
+        crash: Crash | None = None,
     ) -> ManagedProcess:
+        """A tokenize worker; with `crash`, one that ends itself at that crash point."""
+        if crash is not None:
+            env = {**(env or {}), **crash.env()}
         return self.stack.start_worker(
             name,
             [
@@ -245,6 +251,7 @@ class Pipeline:
                 *extra,
             ],
             env={**self.env, **(env or {})},
+            module=LAUNCHER if crash is not None else "streams",
         )
 
     def replay(self, dataset: str, *extra: str, name: str = "replay") -> ManagedProcess:
@@ -299,7 +306,7 @@ class Pipeline:
         figures = dataset_figures(store)
         dead = {letter.prompt_id for letter in self.dead_letters() if letter.prompt_id}
         assert figures.prompt_ids | dead == expected
-        table = store.read_table()
+        table = DatasetReader(store).table()
         assert table.num_rows == figures.samples
         assert len(set(table["prompt_id"].to_pylist())) == table.num_rows
 

@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from compose.process import ManagedProcess
 from streams.core.settings import COMPLETIONS, KafkaSettings
+from streams.core.topics import group_states
 
 
 async def stable_members(kafka: KafkaSettings, group: str) -> int:
@@ -25,8 +26,7 @@ async def stable_members(kafka: KafkaSettings, group: str) -> int:
     await admin.start()
     try:
         described = await admin.describe_consumer_groups([kafka.group(group)])
-        groups = described[0].groups if hasattr(described[0], "groups") else []
-        return sum(len(g[5]) for g in groups if g[2] == "Stable")
+        return sum(g.members for g in group_states(described) if g.state == "Stable")
     except Exception:  # no group yet, or a coordinator still being elected
         return 0
     finally:

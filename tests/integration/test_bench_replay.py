@@ -9,6 +9,7 @@ from tests.benchmarks import bench_replay
 
 
 @pytest.mark.integration
+@pytest.mark.bench
 def test_the_replay_benchmark_rebuilds_every_completion_with_each_worker_count() -> None:
     results = bench_replay.main(["--quick"])
     runs = [r for rs in results.values() for r in rs]

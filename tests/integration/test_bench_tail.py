@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.bench]
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_tail.py"
 

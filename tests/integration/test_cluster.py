@@ -22,9 +22,9 @@ from aiokafka.errors import KafkaError
 from compose.kafka import KafkaBroker, KafkaCluster
 from compose.seaweedfs import SeaweedS3
 from compose.stack import LocalStack
-from sinks.reader import open_dataset
+from sinks.reader import DatasetReader, open_dataset
 from streams.core.settings import COMPLETIONS, PROMPTS, KafkaSettings
-from streams.core.topics import DATA_TOPICS, ensure_topics, topic_configs
+from streams.core.topics import DATA_TOPICS, config_values, ensure_topics, topic_configs
 from streams.ops.seal import seal
 from tests.integration.conftest import Pipeline
 from tests.integration.probes import topic_size
@@ -79,20 +79,17 @@ def on_cluster(
     )
 
 
-async def _describe(kafka: KafkaSettings, names: list[str]) -> tuple[list[Any], dict[str, str]]:
+async def _describe(
+    kafka: KafkaSettings, names: list[str]
+) -> tuple[list[Any], dict[str, str | None]]:
     """The topics' metadata, and each one's min.insync.replicas as the cluster reports it."""
     admin = AIOKafkaAdminClient(**kafka.aiokafka_kwargs())
     await admin.start()
     try:
         topics = await admin.describe_topics(names)
         resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
-        insync = {}
-        for response in await admin.describe_configs(resources):
-            for resource in response.resources:  # (error, message, type, name, configs)
-                for key, value, *_ in resource[4]:
-                    if key == "min.insync.replicas":
-                        insync[resource[3]] = value
-        return topics, insync
+        described = await admin.describe_configs(resources)
+        return topics, config_values(described, "min.insync.replicas")
     finally:
         await admin.close()
 
@@ -194,7 +191,7 @@ def test_a_broker_lost_mid_run_loses_nothing(
 
 
 def _samples(pipeline: Pipeline, dataset: str) -> dict[str, tuple[list[int], list[int]]]:
-    table = pipeline.store(dataset).read_table()
+    table = DatasetReader(pipeline.store(dataset)).table()
     return {
         row["prompt_id"]: (list(row["input_ids"]), list(row["loss_mask"]))
         for row in table.select(["prompt_id", "input_ids", "loss_mask"]).to_pylist()

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from sinks.reader import DatasetReader
 from streams.cli.main import main
 from streams.core.records import CompletionRecord
 from streams.core.settings import COMPLETIONS, KafkaSettings
@@ -115,7 +116,7 @@ def test_conversations_are_the_completions_that_became_the_samples(
 
     wait_for(caught_up, 180, lambda: f"the second answers: {dataset_figures(store)}")
     latest = {r.prompt_id: r for r in first + second}
-    samples = store.read_table()["prompt_id"].to_pylist()
+    samples = DatasetReader(store).table()["prompt_id"].to_pylist()
     assert set(samples) == {f"c{i:03d}" for i in range(COUNT) if i not in CUT}
 
     where = ["--out", pipeline.out, "--dataset", pipeline.dataset]

@@ -21,6 +21,7 @@ import pytest
 from compose.tiny_tokenizers import build_kimi_k26_tokenizer
 from producers.publish import publish
 from producers.sources import parse_source_spec
+from sinks.reader import DatasetReader
 from streams.core.records import CompletionRecord
 from streams.core.tokenizers import load_tokenizer
 from streams.core.turns import EVERY_TURN, FINAL, STOPPED, parse_turn_id, turn_prompt_id
@@ -180,7 +181,7 @@ def test_family_end_to_end(
     completions = pipeline.completions()
     letters = pipeline.dead_letters()
     store = pipeline.store()
-    table = store.read_table()
+    table = DatasetReader(store).table()
     rows = {row["prompt_id"]: row for row in table.to_pylist()}
     assert len(rows) == table.num_rows  # each prompt id written once
     by_kind: dict[str, set[str]] = {}

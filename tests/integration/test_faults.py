@@ -18,8 +18,10 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 
 from compose.process import ManagedProcess
+from streams.core.faults import AFTER_MARKER
 from streams.core.normalize import make_prompt_record
 from streams.core.settings import GENERATE_GROUP, PROMPTS, KafkaSettings
+from tests.faults import KILLED, Crash
 from tests.integration.probes import (
     Metrics,
     committed_offsets,
@@ -151,9 +153,9 @@ def test_kill_tokenize_worker_between_marker_and_commit_and_mid_shard(
     wait_for(lambda: topic_size(pipeline.kafka) >= 90, 120, "all completions")
 
     # 1. dies right after its 3rd commit marker, before the offsets are committed
-    crashing = pipeline.tokenize("--shard-records", "10", env={"DRAFTGEN_FAULT_AFTER_MARKER": "3"})
+    crashing = pipeline.tokenize("--shard-records", "10", crash=Crash(AFTER_MARKER, 3))
     wait_for(lambda: not crashing.alive(), 120, "the armed crash")
-    assert crashing.popen is not None and crashing.popen.returncode == 137
+    assert crashing.popen is not None and crashing.popen.returncode == KILLED
     assert len(pipeline.store().markers()) >= 3
 
     # 2. killed while shards are open (records buffered, nothing flushed for a while)

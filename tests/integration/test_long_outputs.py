@@ -11,6 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from sinks.reader import DatasetReader
 from streams.core.records import CompletionRecord
 from tests.ids import as_list
 
@@ -82,7 +83,7 @@ def test_long_completions_reach_a_shard_and_an_oversized_one_is_a_dead_letter(
 
     completions = pipeline.completions()
     assert set(completions) == long_ones
-    table = pipeline.store().read_table().to_pylist()
+    table = DatasetReader(pipeline.store()).table().to_pylist()
     assert {row["prompt_id"] for row in table} == long_ones
     for row in table:
         completion: CompletionRecord = completions[row["prompt_id"]]

@@ -7,6 +7,7 @@ import datasets
 import pyarrow as pa
 import pytest
 
+from sinks.reader import DatasetReader
 from streams.core.tokenizers import load_tokenizer
 from tests.ids import as_list
 
@@ -28,7 +29,7 @@ def test_300_prompts_end_to_end_on_kafka_and_s3(pipeline, write_prompts) -> None
     pipeline.assert_exactly_once(expected)
 
     store = pipeline.store()
-    table = store.read_table()
+    table = DatasetReader(store).table()
     assert table.num_rows == 300
     assert set(table["prompt_id"].to_pylist()) == expected
 

@@ -12,6 +12,7 @@ import pytest
 
 from compose.stack import draftgen_argv
 from compose.tiny_tokenizers import QWEN36_CHAT_TEMPLATE
+from sinks.reader import DatasetReader
 from streams.core.tokenizers import load_tokenizer
 from streams.tokenize.samples import SampleBuilder
 from tests.ids import as_list
@@ -69,8 +70,8 @@ def test_replay_with_a_fixed_template(pipeline, write_prompts, tmp_path) -> None
     correct = SampleBuilder(
         loaded.tokenizer, loaded.profile, prefer="rendered", measure_drift=False
     )
-    old = {r["prompt_id"]: r for r in pipeline.store("v1").read_table().to_pylist()}
-    new = {r["prompt_id"]: r for r in pipeline.store("v2").read_table().to_pylist()}
+    old = {r["prompt_id"]: r for r in DatasetReader(pipeline.store("v1")).table().to_pylist()}
+    new = {r["prompt_id"]: r for r in DatasetReader(pipeline.store("v2")).table().to_pylist()}
     assert set(old) == set(new) == expected
     for prompt_id, row in new.items():
         sample = correct.build(completions[prompt_id])

@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 from compose.stack import draftgen_argv
+from sinks.reader import DatasetReader
 from streams.cli.main import main
 from streams.core.records import CompletionRecord, PromptRecord
 from streams.core.settings import COMPLETIONS, PROMPTS
@@ -90,7 +91,7 @@ def test_every_figure_of_the_report_is_the_versions(
     pipeline.wait(expected, workers, dataset="other")
 
     # what every view says of the version
-    table = pipeline.store().read_table()
+    table = DatasetReader(pipeline.store()).table()
     letters = Counter(f"{x.stage}/{x.kind}" for x in pipeline.dead_letters())
     # the other version dropped the same prompts: the topic holds both versions' letters
     assert letters["tokenize/policy_length"] == 2 * (SYNTHETIC // 2)

@@ -14,6 +14,7 @@ from aiokafka import AIOKafkaProducer
 
 from producers.publish import publish
 from producers.sources import parse_source_spec
+from sinks.reader import DatasetReader
 from streams.core.settings import COMPLETIONS, KafkaSettings
 from tests.bad_records import completion_dict
 
@@ -64,7 +65,12 @@ def test_row_ids_and_source_names_reach_the_shards(pipeline, tmp_path: Path) -> 
     pipeline.wait(expected, workers)
     pipeline.assert_exactly_once(expected)
 
-    rows = pipeline.store().read_table().select(["prompt_id", "source", "source_id"]).to_pylist()
+    rows = (
+        DatasetReader(pipeline.store())
+        .table()
+        .select(["prompt_id", "source", "source_id"])
+        .to_pylist()
+    )
     got = {(row["source"], row["source_id"]) for row in rows}
     want = {("by_id.jsonl", f"user-{i}") for i in range(6)}
     want |= {("by_id.jsonl", "41"), ("by_id.jsonl", None)}

@@ -18,12 +18,15 @@ from aiokafka import AIOKafkaProducer
 from compose.process import ManagedProcess
 from compose.stack import draftgen_argv
 from compose.tiny_tokenizers import QWEN36_CHAT_TEMPLATE
+from sinks.reader import DatasetReader
 from sinks.shards import ShardStore
+from streams.core.faults import AFTER_DEAD_LETTERS
 from streams.core.records import CompletionRecord
 from streams.core.settings import COMPLETIONS, KafkaSettings
 from streams.core.topics import ensure_topics
 from streams.ops.heartbeat import Heartbeat, HeartbeatReader
 from streams.ops.progress import dataset_figures
+from tests.faults import Crash
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
@@ -93,7 +96,7 @@ def committed_samples(store: ShardStore) -> int:
 
 
 def rows_by_prompt(store: ShardStore) -> dict[str, dict[str, Any]]:
-    table = store.read_table()
+    table = DatasetReader(store).table()
     ids = table["prompt_id"].to_pylist()
     assert len(ids) == len(set(ids)), "a prompt id twice in the version"
     return {row["prompt_id"]: row for row in table.to_pylist()}
@@ -174,7 +177,7 @@ def test_latest_answer_wins_and_a_crash_before_the_marker_records_one_drop(pipel
     store = pipeline.store("v1")
     produce(pipeline.kafka, [completion(i) for i in range(1, 6)])
     # the worker dies at its first dead letter, after sending it and before the window's marker
-    crashing = pipeline.tokenize(dataset="v1", env={"DRAFTGEN_FAULT_AFTER_DEAD_LETTERS": "1"})
+    crashing = pipeline.tokenize(dataset="v1", crash=Crash(AFTER_DEAD_LETTERS, 1))
     wait_for(lambda: "p00001" in dataset_figures(store).prompt_ids, 120, "p00001 committed")
     # p00001 answered again (regenerated) after its first answer was committed; p00025 is
     # dropped by the policy

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from compose.stack import draftgen_argv
-from sinks.reader import open_dataset
+from sinks.reader import DatasetReader, open_dataset
 from streams.ops.progress import dataset_figures
 from tests.polling import wait_for
 
@@ -46,7 +46,7 @@ def test_a_sealed_version_stays_sealed(pipeline, write_prompts) -> None:
     manifest = store.sealed()
     assert manifest is not None and manifest.samples == 20
     figures = dataset_figures(store)  # what `status` shows
-    table = store.read_table()
+    table = DatasetReader(store).table()
     reader = open_dataset(f"{pipeline.out}/v2", pipeline.s3.endpoint.storage_options()).table()
     assert figures.samples == table.num_rows == reader.num_rows == manifest.samples
     assert set(table["prompt_id"].to_pylist()) == expected

@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from compose.stack import draftgen_argv
+from sinks.reader import DatasetReader
 from tests.integration.probes import scrape
 from tests.polling import wait_for
 
@@ -69,7 +70,7 @@ def test_status_and_metrics_match_the_true_counts(pipeline, write_prompts) -> No
     by_reason = Counter((letter.stage, letter.kind) for letter in letters)
     generate_dead = sum(n for (stage, _), n in by_reason.items() if stage == "generate")
     assert generate_dead > 0, "the emulator was asked to fail some prompts"
-    table = pipeline.store().read_table()
+    table = DatasetReader(pipeline.store()).table()
     tokens = sum(table["num_tokens"].to_pylist())
     loss_tokens = sum(table["num_loss_tokens"].to_pylist())
 

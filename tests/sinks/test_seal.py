@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sinks.reader import DatasetReader
 from sinks.shards import SampleRow, ShardStore
 
 
@@ -30,7 +31,7 @@ def test_the_manifest_holds_what_is_committed_and_the_reader_uses_it(tmp_path: P
     assert store.sealed() == manifest
     # the reader takes the manifest's rows, not what was committed since
     store.write_shard(1, 5, 9, rows("g"), generation=2)
-    assert sorted(store.read_table()["prompt_id"].to_pylist()) == ["a", "b", "d", "f"]
+    assert sorted(DatasetReader(store).table()["prompt_id"].to_pylist()) == ["a", "b", "d", "f"]
 
 
 def test_a_row_replaced_after_the_cutoff_is_still_the_versions(tmp_path: Path) -> None:
@@ -39,4 +40,4 @@ def test_a_row_replaced_after_the_cutoff_is_still_the_versions(tmp_path: Path) -
     store.write_shard(0, 10, 19, rows("a"), generation=1)  # not committed when sealed
     manifest = store.seal({0: 10})
     assert manifest.samples == 1 and manifest.shards[0].exclude == []
-    assert store.read_table()["prompt_id"].to_pylist() == ["a"]
+    assert DatasetReader(store).table()["prompt_id"].to_pylist() == ["a"]

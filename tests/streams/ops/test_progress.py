@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sinks.reader import DatasetReader
 from sinks.shards import SampleRow, ShardStore
 from streams.ops.progress import dataset_figures
 
@@ -52,4 +53,4 @@ def test_a_sealed_versions_figures_are_its_manifests_whatever_was_written_after(
     figures = dataset_figures(store)
     assert (figures.samples, figures.tokens, figures.drops) == (2, 6, {"c": "policy_length"})
     assert (manifest.samples, manifest.tokens) == (figures.samples, figures.tokens)
-    assert store.read_table().num_rows == figures.samples
+    assert DatasetReader(store).table().num_rows == figures.samples

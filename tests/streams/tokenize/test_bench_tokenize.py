@@ -3,7 +3,11 @@ says (no timing is asserted; the figures are in BENCHMARKS.md)."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.benchmarks import bench_tokenize
+
+pytestmark = pytest.mark.bench
 
 
 def test_the_tokenize_benchmark_measures_every_mode_on_the_same_tokens() -> None:
