@@ -17,8 +17,6 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import MessageSizeTooLargeError
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
-from aiokafka.record.util import size_of_varint
 
 from streams.core.settings import COMPLETIONS, DEAD_LETTERS, PROMPTS, KafkaSettings
 
@@ -29,11 +27,21 @@ BATCH_HEADER = 61
 FIVE_MB = b"\xff\xfe" * (5 * 1024 * 1024 // 2)  # not UTF-8
 
 
+def varint_size(n: int) -> int:
+    """Bytes of Kafka's zigzag varint of `n` (the record format's lengths and deltas)."""
+    zigzag, size = (n << 1) ^ (n >> 63), 1
+    while zigzag >= 0x80:
+        zigzag >>= 7
+        size += 1
+    return size
+
+
 def batch_size(key: bytes, value: bytes) -> int:
-    """The exact size of a batch of this one record (magic v2, uncompressed): what the broker
-    compares with the topic's max.message.bytes (aiokafka's estimate is an upper bound)."""
-    body = 3 + DefaultRecordBatchBuilder.size_of(key, value, [])  # attrs, offset and time deltas
-    return BATCH_HEADER + size_of_varint(body) + body
+    """The exact size of a batch of this one record (magic v2, uncompressed, Kafka's documented
+    record format): what the broker compares with the topic's max.message.bytes."""
+    # attributes, timestamp delta 0, offset delta 0; key and value with their lengths; 0 headers
+    body = 3 + sum(varint_size(len(part)) + len(part) for part in (key, value)) + varint_size(0)
+    return BATCH_HEADER + varint_size(body) + body
 
 
 def at_size(key: bytes, batch_bytes: int) -> bytes:
