@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pyarrow as pa
-from aiokafka.structs import ConsumerRecord
+from streams.core.topic_reader import ConsumerRecord
 
 from sinks.reader import ShardRef
 from streams.core.range_reader import RangeReader
