@@ -74,12 +74,18 @@ class Window:
 
     rows: int
     max_open_bytes: int
+    # A capped worker comes back to a partition only after a turn over all it holds (a lone
+    # worker at 0.05 core: ~2 s over 16 partitions), so a short idle flush cuts a window at
+    # almost every sample, and more often the more partitions a worker holds.
+    idle_flush_s: float
 
     def env(self) -> dict[str, str]:
         return {
             **os.environ,
             "DRAFTGEN_SHARD_MAX_RECORDS": str(self.rows),
             "DRAFTGEN_MAX_OPEN_BYTES": str(self.max_open_bytes),
+            "DRAFTGEN_RUN_IDLE_FLUSH_S": str(self.idle_flush_s),
+            "DRAFTGEN_IDLE_FLUSH_S": str(self.idle_flush_s),
         }
 
 
@@ -333,6 +339,7 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
     parser.add_argument("--workers", default="1,2,4", help="tokenize workers per run")
     parser.add_argument("--cpu-quota", type=float, default=0.05, help="cores per tokenize worker")
     parser.add_argument("--window-rows", type=int, default=200, help="rows a window is cut at")
+    parser.add_argument("--idle-flush", type=float, default=10.0, help="seconds (see Window)")
     parser.add_argument(
         "--max-open-bytes", type=int, default=4 << 30, help="each worker's memory budget"
     )
@@ -353,7 +360,7 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
     source = _prompts(workdir / "prompts.jsonl", args.prompts, args.pool)
     script = _output_pool(workdir / "pool.jsonl", tokenizer, args.pool, args.mean_output_tokens)
     results: list[RunResult] = []
-    window = Window(args.window_rows, args.max_open_bytes)
+    window = Window(args.window_rows, args.max_open_bytes, args.idle_flush)
     with (
         priority() if can_cap else contextlib.nullcontext(),
         LocalStack(workdir / "stack") as stack,
