@@ -23,12 +23,12 @@ from typing import Any
 import numpy as np
 import orjson
 import pyarrow as pa
-from streams.core.topic_reader import ConsumerRecord
 
 from sinks.reader import ShardRef
 from streams.core.range_reader import RangeReader
 from streams.core.records import CompletionRecord, RecordError
 from streams.core.settings import COMPLETIONS, KafkaSettings
+from streams.core.topic_reader import ConsumerRecord
 
 _TOOL_CALL = pa.struct(
     [
