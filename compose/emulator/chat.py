@@ -126,7 +126,7 @@ def build_response(
     ids = generation.output_ids
     stopped = generation.finish_reason == "stop" and generation.matched_stop is not None
     text_ids = ids[:-1] if stopped and not chat.no_stop_trim else ids
-    text = model.decode(text_ids, skip_special_tokens=chat.skip_special_tokens)
+    text = model.decode_output(text_ids, skip_special_tokens=chat.skip_special_tokens)
 
     reasoning: str | None = None
     content = text

@@ -67,10 +67,14 @@ class EmulatedModel:
         return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
+
+    def decode_output(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """An output's text for the response, kept for the outputs that come again."""
         key = (tuple(ids), skip_special_tokens)
         text = self._decoded.get(key)
         if text is None:
-            text = str(self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
+            text = self.decode(ids, skip_special_tokens)
             if len(self._decoded) >= DECODED_KEPT:
                 self._decoded.pop(next(iter(self._decoded)))  # the oldest
             self._decoded[key] = text

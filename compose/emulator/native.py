@@ -69,7 +69,7 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
     ids = generation.output_ids
     stopped = generation.finish_reason == "stop" and generation.matched_stop is not None
     trim = stopped and not params.get("no_stop_trim", False)
-    text = engine.model.decode(
+    text = engine.model.decode_output(
         ids[:-1] if trim else ids,
         skip_special_tokens=bool(params.get("skip_special_tokens", True)),
     )

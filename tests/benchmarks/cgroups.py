@@ -167,18 +167,24 @@ class CpuCaps:
                     pass
                 except OSError as err:
                     problems.append(f"pid {pid} not moved out of {group.path}: {err}")
-            for attempt in range(50):  # a process that just exited may still be listed
-                try:
-                    group.path.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError as err:
-                    if attempt == 49:
-                        problems.append(f"{group.path} not removed: {err}")
-                    time.sleep(0.1)
+            problems += remove_group(group.path)
         self.groups = []
         return problems
+
+
+def remove_group(path: Path) -> list[str]:
+    """Removes an emptied group by its path; returns the problem, if it would not go."""
+    for attempt in range(50):  # a process that just exited may still be listed
+        try:
+            path.rmdir()
+            return []
+        except FileNotFoundError:
+            return []
+        except OSError as err:
+            if attempt == 49:
+                return [f"{path} not removed: {err}"]
+            time.sleep(0.1)
+    return []
 
 
 @contextlib.contextmanager
@@ -197,14 +203,8 @@ def priority(shares: int = 8 * 1024, root: Path = CPU_ROOT) -> Iterator[Path]:
         for pid in (path / "cgroup.procs").read_text().split():
             with contextlib.suppress(ProcessLookupError):
                 (root / "cgroup.procs").write_text(pid)
-        for _ in range(50):  # a process that just exited may still be listed
-            try:
-                path.rmdir()
-                break
-            except FileNotFoundError:
-                break
-            except OSError:
-                time.sleep(0.1)
+        for problem in remove_group(path):
+            print(f"cgroups: {problem}", flush=True)
 
 
 @contextlib.contextmanager
