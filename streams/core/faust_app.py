@@ -126,7 +126,9 @@ def kafka_sender(app: faust.App) -> Callable[[str, bytes, bytes], Awaitable[None
         if topic not in topics:
             topics[topic] = raw_topic(app, topic)
         delivery = await topics[topic].send(key=key, value=value)
-        await delivery
+        # shielded: a caller that stops waiting (a timeout) must not cancel the producer's
+        # future, whose done-callback in faust would log the cancellation as a traceback
+        await asyncio.shield(delivery)
 
     return send
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from streams.core import retry
-from streams.core.retry import short_error
+from streams.core.retry import Outage
 from streams.core.settings import OnceSettings, generate_window
 from streams.generate.ports import Backlogs
 
@@ -74,6 +74,9 @@ class Stealer:
         # a run within a couple of seconds
         self.backoff: Sleeper = backoff or retry.backoff("steal")
         self.idle_s = once.steal_after_s
+        # a broker outage fails every look: one line when the looks start failing, one when
+        # they work again (and a reminder a minute), not a line a look
+        self.failing = Outage("stealing", log, words=("failing", "works again"))
         # offsets this worker took already, by partition (those below the committed offset
         # are forgotten)
         self._taken: dict[int, set[int]] = {}
@@ -103,8 +106,10 @@ class Stealer:
                 except asyncio.CancelledError:
                     raise
                 except Exception as err:  # stealing is an optimisation: never fatal
-                    log.warning("stealing failed (%s)", short_error(err))
+                    self.failing.failed(err)
                     took = False
+                else:
+                    self.failing.succeeded()
                 if took:
                     empty_handed = 0
                 else:

@@ -69,6 +69,6 @@ def install(
         # A tombstone, so `status` forgets a worker that stopped on purpose at once.
         with contextlib.suppress(Exception):
             delivery = await raw_topic(app, topic).send(key=key, value=None)
-            await asyncio.wait_for(delivery, 5.0)
+            await asyncio.wait_for(asyncio.shield(delivery), 5.0)  # as kafka_sender's
 
     return url

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from faust.worker import Worker
 
+from streams.core import faust_app
 from streams.core.faust_app import create_app, run_worker
 from streams.core.outage import RepeatFilter
 from streams.core.settings import KafkaSettings
@@ -67,3 +68,27 @@ def test_the_workers_log_handlers_get_the_repeat_filter(
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
     assert seen and all(seen)
+
+
+def test_a_send_waited_for_with_a_timeout_leaves_the_producers_future_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # faust's done-callback on that future logs a cancellation as a traceback (an outage
+    # would print one per heartbeat); the record is still delivered once the broker is back
+    deliveries: list[asyncio.Future[None]] = []
+
+    class Topic:
+        async def send(self, key: bytes, value: bytes) -> asyncio.Future[None]:
+            deliveries.append(asyncio.get_running_loop().create_future())
+            return deliveries[-1]
+
+    monkeypatch.setattr(faust_app, "raw_topic", lambda app, name: Topic())
+
+    async def scenario() -> None:
+        send = faust_app.kafka_sender(create_app("sender-test", KAFKA, prefetch=4))
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(send("t", b"k", b"v"), 0.01)
+        assert not deliveries[0].cancelled()
+        deliveries[0].set_result(None)  # acknowledged later: nothing left to go wrong
+
+    asyncio.run(scenario())

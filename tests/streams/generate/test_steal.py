@@ -171,3 +171,40 @@ def test_a_thief_takes_from_the_end_of_a_backlog_no_more_than_its_free_slots() -
         await worker.stop()
 
     run(scenario)
+
+
+def test_looks_failing_through_a_broker_outage_are_one_line_and_one_when_they_work_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        worker, _ = await once_worker(client, kafka, concurrency=1)
+        failures = 5
+
+        class DownBroker(FakeBacklogs):
+            async def committed(self) -> dict[int, int]:
+                self.looks = getattr(self, "looks", 0) + 1
+                if self.looks <= failures:
+                    raise ConnectionError("node 1 not ready")
+                return {0: 0}  # back: nothing to take
+
+        class NoPause:
+            async def sleep(self, attempt: int) -> None:
+                await asyncio.sleep(0)
+
+        backlogs = DownBroker({}, {})
+        stealer = Stealer(
+            worker, backlogs, OnceSettings(steal_after_s=0.001), lambda: {0}, NoPause()
+        )
+        worker.intake.last_busy = time.monotonic() - 60
+        with caplog.at_level("WARNING", logger="streams.generate.steal"):
+            running = asyncio.create_task(stealer.run())
+            await until(lambda: getattr(backlogs, "looks", 0) > failures + 1, "looks after")
+            running.cancel()
+        said = [r.getMessage() for r in caplog.records if r.name == "streams.generate.steal"]
+        assert len(said) == 2, said
+        assert said[0].startswith("stealing failing since") and "node 1 not ready" in said[0]
+        assert said[1] == f"stealing works again after 0 s ({failures} failures)"
+        await worker.stop()
+
+    run(scenario)
