@@ -48,18 +48,45 @@ class _IdempotentProducer(faust_aiokafka.Producer):
     """faust's aiokafka producer, always idempotent. With acks=all a write retried after a
     broker is lost (or a leader moves) is stored once, in order.
 
-    The one private faust hook this project keeps: faust has no public setting for it
-    (`producer_acks` sets acks; idempotence comes only with processing_guarantee=exactly_once,
-    which also makes every send transactional, and the pipeline commits its own offsets), so
-    the producer's extra options are extended here, as faust itself does inside a transaction.
+    One of two private faust hooks this project keeps (the other: `_RebalanceSafeCommits`):
+    faust has no public setting for it (`producer_acks` sets acks; idempotence comes only
+    with processing_guarantee=exactly_once, which also makes every send transactional, and
+    the pipeline commits its own offsets), so the producer's extra options are extended here,
+    as faust itself does inside a transaction.
     tests/streams/core/test_replication.py fails if faust stops calling this hook."""
 
     def _settings_extra(self) -> Mapping[str, Any]:
         return {**super()._settings_extra(), "acks": "all", "enable_idempotence": True}
 
 
+class _RebalanceSafeCommits(faust_aiokafka.AIOKafkaConsumerThread):
+    """faust's consumer thread, minus a crash on a commit a rebalance emptied.
+
+    faust checks a commit's partitions against the assignment, awaits the producer's flush,
+    then the thread filters them again: a rebalance that took all of them meanwhile leaves
+    `{}`, which aiokafka refuses (`ValueError({})`) and faust treats as fatal: the worker
+    exits (faust-streaming #94/#95; seen when a worker joined a loaded group). Nothing of ours
+    is left to commit: the new owner resumes at the group's committed offset, as for any
+    revoked partition. The check and faust's own filter run with no await between them, in
+    the thread's loop, the only place the assignment changes.
+    tests/streams/core/test_faust_app.py fails if faust stops calling this hook, or if stock
+    faust no longer crashes (then this override can go)."""
+
+    async def _commit(self, offsets: Mapping[Any, int]) -> bool:
+        assignment = self.assignment()
+        if not any(tp in assignment for tp in offsets):
+            return False  # as faust answers a commit refused because the group rebalanced
+        return await super()._commit(offsets)
+
+
+class _Consumer(faust_aiokafka.Consumer):
+    def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
+        return _RebalanceSafeCommits(self, loop=self.loop, beacon=self.beacon)
+
+
 class _Transport(faust_aiokafka.Transport):
     Producer: ClassVar[type[faust.types.ProducerT]] = _IdempotentProducer
+    Consumer: ClassVar[type[faust.types.ConsumerT]] = _Consumer
 
 
 def create_app(

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from faust.worker import Worker
@@ -92,3 +93,53 @@ def test_a_send_waited_for_with_a_timeout_leaves_the_producers_future_alone(
         deliveries[0].set_result(None)  # acknowledged later: nothing left to go wrong
 
     asyncio.run(scenario())
+
+
+async def _commit_emptied_by_a_rebalance(thread_class: type | None) -> tuple[bool, list[object]]:
+    """faust's commit of partition 0, with the rebalance that takes partition 0 landing at its
+    one await (the producer's flush), as it does in a loaded group. No broker: the aiokafka
+    consumer is never started; its subscription is set as the group coordinator sets it."""
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import TopicPartition
+    from faust.types import TP
+
+    app = create_app("commit-race-test", KAFKA, prefetch=4)
+    consumer: Any = app.consumer  # faust's aiokafka driver's, not its abstract type's
+    thread = consumer._thread
+    if thread_class is not None:
+        thread.__class__ = thread_class
+    kafka = AIOKafkaConsumer("t", bootstrap_servers="127.0.0.1:9", group_id="g")
+    kafka._subscription.assign_from_subscribed({TopicPartition("t", 0), TopicPartition("t", 1)})
+    thread._consumer = kafka
+    crashes: list[object] = []
+
+    async def crash(reason: BaseException) -> None:
+        crashes.append(reason)
+
+    async def flush() -> None:  # the rebalance completes meanwhile: partition 0 is gone
+        kafka._subscription.assign_from_subscribed({TopicPartition("t", 1)})
+
+    thread.crash = crash
+    thread.commit = thread._commit  # in the thread's loop in a worker; the same code path
+    app.producer.flush = flush
+    try:
+        return await consumer._commit_offsets({TP("t", 0): 5}), crashes
+    finally:
+        await kafka.stop()
+
+
+def test_a_commit_a_rebalance_emptied_is_skipped_not_a_crash() -> None:
+    consumer: Any = create_app("commit-race-wiring", KAFKA, prefetch=4).consumer
+    assert isinstance(consumer._thread, faust_app._RebalanceSafeCommits)
+
+    committed, crashes = asyncio.run(_commit_emptied_by_a_rebalance(None))
+    assert (committed, crashes) == (False, [])
+
+
+def test_stock_faust_still_crashes_on_that_commit() -> None:
+    # the canary: once faust skips the empty commit itself, _RebalanceSafeCommits can go
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    committed, crashes = asyncio.run(_commit_emptied_by_a_rebalance(AIOKafkaConsumerThread))
+    assert committed is False
+    assert len(crashes) == 1 and isinstance(crashes[0], ValueError), crashes
