@@ -89,6 +89,29 @@ class RateWindow:
         return {name: (value - first.get(name, 0)) / span for name, value in counters.items()}, span
 
 
+class BeatSchedule:
+    """When a heartbeat is due: every `interval_s`, and at the next check after a note changed
+    (a server's way of returning ids is known seconds after start: a short run would end
+    before the next regular beat, and `run`'s console would never say it)."""
+
+    def __init__(self, interval_s: float, check_s: float = 1.0):
+        self.interval_s = interval_s
+        # the timer's period; a beat is due half a check early so timer jitter never skips one
+        self.check_s = min(check_s, interval_s)
+        self._sent_at: float | None = None
+        self._notes: dict[str, str] = {}
+
+    def due(self, now: float, notes: dict[str, str]) -> bool:
+        early = (
+            self._sent_at is not None and now - self._sent_at < self.interval_s - self.check_s / 2
+        )
+        if early and notes == self._notes:
+            return False
+        self._sent_at = now
+        self._notes = dict(notes)
+        return True
+
+
 class HeartbeatReader:
     """Reads the worker-stats topic without a consumer group, incrementally; keeps the latest
     heartbeat per worker id (a tombstone removes it)."""

@@ -1,7 +1,7 @@
 """Makes a worker observable: `/metrics` for Prometheus and heartbeats for `draftgen status`.
 
-`install` adds both to a Faust app; the worker's figures are read only on a scrape or once per
-heartbeat, never per record.
+`install` adds both to a Faust app; the worker's figures are read only on a scrape or once a
+second for the heartbeat, never per record.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import faust
 from streams.core.faust_app import kafka_sender, raw_topic
 from streams.core.outage import Outage
 from streams.core.settings import WORKER_STATS, KafkaSettings, ObserveSettings
-from streams.ops.heartbeat import RateWindow, new_heartbeat, refresh
+from streams.ops.heartbeat import BeatSchedule, RateWindow, new_heartbeat, refresh
 from streams.ops.metrics import WorkerMetrics, serve_metrics
 
 log = logging.getLogger(__name__)
@@ -47,9 +47,13 @@ def install(
     topic = kafka.topic(WORKER_STATS)
     key = beat.worker.encode()
 
-    @app.timer(interval=settings.heartbeat_s)
+    schedule = BeatSchedule(settings.heartbeat_s)
+
+    @app.timer(interval=schedule.check_s)
     async def heartbeat() -> None:
         figures = metrics.figures()
+        if not schedule.due(time.monotonic(), figures.notes):
+            return
         refresh(beat, window, figures.counters, figures.gauges, figures.errors, figures.notes)
         started = time.monotonic()
         try:

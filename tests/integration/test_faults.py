@@ -112,7 +112,14 @@ def test_kill_generate_worker_with_requests_in_flight(pipeline, write_prompts, t
     order = sorted(range(len(on_0)), key=lambda i: lengths[i], reverse=True)
     probe = on_1[min(range(len(on_1)), key=lambda i: lengths[len(on_0) + i])]
 
-    url, _ = pipeline.emulator("--tokens-per-s", "15", *LENGTHS)
+    # the head's answer scripted long (~430 tokens, ~29 s at 15 tokens/s), not merely the
+    # longest drawn (~18 s): 20 completions and a commit behind it come first even when loaded
+    head = on_0[order[0]]["messages"][-1]["content"]
+    others = [row for i, row in enumerate(on_0) if i != order[0]] + on_1
+    assert not any(head in str(m.get("content")) for row in others for m in row["messages"])
+    slow = "<think>\n" + "The slow head keeps on thinking. " * 25 + "\n</think>\n\nDone."
+    script = write_rows(tmp_path / "slow-head.jsonl", [{"match": head, "output": slow}])
+    url, _ = pipeline.emulator("--tokens-per-s", "15", *LENGTHS, "--script", str(script))
     worker = pipeline.generate(url, "--concurrency", "16")
     tokenizer = pipeline.tokenize()
     summary = pipeline.publish(
