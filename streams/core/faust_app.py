@@ -75,6 +75,7 @@ class _RebalanceSafeCommits(faust_aiokafka.AIOKafkaConsumerThread):
     async def _commit(self, offsets: Mapping[Any, int]) -> bool:
         assignment = self.assignment()
         if not any(tp in assignment for tp in offsets):
+            self.log.info("commit of revoked partitions skipped after a rebalance: %r", offsets)
             return False  # as faust answers a commit refused because the group rebalanced
         return await super()._commit(offsets)
 

@@ -128,12 +128,16 @@ async def _commit_emptied_by_a_rebalance(thread_class: type | None) -> tuple[boo
         await kafka.stop()
 
 
-def test_a_commit_a_rebalance_emptied_is_skipped_not_a_crash() -> None:
+def test_a_commit_a_rebalance_emptied_is_skipped_not_a_crash(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     consumer: Any = create_app("commit-race-wiring", KAFKA, prefetch=4).consumer
     assert isinstance(consumer._thread, faust_app._RebalanceSafeCommits)
 
-    committed, crashes = asyncio.run(_commit_emptied_by_a_rebalance(None))
+    with caplog.at_level(logging.INFO):
+        committed, crashes = asyncio.run(_commit_emptied_by_a_rebalance(None))
     assert (committed, crashes) == (False, [])
+    assert any("skipped after a rebalance" in r.getMessage() for r in caplog.records)
 
 
 def test_stock_faust_still_crashes_on_that_commit() -> None:
