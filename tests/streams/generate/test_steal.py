@@ -182,8 +182,10 @@ def test_looks_failing_through_a_broker_outage_are_one_line_and_one_when_they_wo
         failures = 5
 
         class DownBroker(FakeBacklogs):
+            looks = 0
+
             async def committed(self) -> dict[int, int]:
-                self.looks = getattr(self, "looks", 0) + 1
+                self.looks += 1
                 if self.looks <= failures:
                     raise ConnectionError("node 1 not ready")
                 return {0: 0}  # back: nothing to take
@@ -199,7 +201,7 @@ def test_looks_failing_through_a_broker_outage_are_one_line_and_one_when_they_wo
         worker.intake.last_busy = time.monotonic() - 60
         with caplog.at_level("WARNING", logger="streams.generate.steal"):
             running = asyncio.create_task(stealer.run())
-            await until(lambda: getattr(backlogs, "looks", 0) > failures + 1, "looks after")
+            await until(lambda: backlogs.looks > failures + 1, "a look after they work again")
             running.cancel()
         said = [r.getMessage() for r in caplog.records if r.name == "streams.generate.steal"]
         assert len(said) == 2, said
