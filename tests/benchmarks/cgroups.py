@@ -174,17 +174,17 @@ class CpuCaps:
 
 def remove_group(path: Path) -> list[str]:
     """Removes an emptied group by its path; returns the problem, if it would not go."""
-    for attempt in range(50):  # a process that just exited may still be listed
+    problem = ""
+    for _ in range(50):  # a process that just exited may still be listed
         try:
             path.rmdir()
             return []
         except FileNotFoundError:
             return []
         except OSError as err:
-            if attempt == 49:
-                return [f"{path} not removed: {err}"]
+            problem = f"{path} not removed: {err}"
             time.sleep(0.1)
-    return []
+    return [problem]
 
 
 @contextlib.contextmanager
