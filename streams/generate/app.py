@@ -8,7 +8,8 @@ from typing import Any
 import faust
 
 from streams.core.crash_guard import CrashGuard
-from streams.core.faust_app import consume, create_app, kafka_sender, raw_topic
+from streams.core.faust_app import consume, create_app, guard_commits, kafka_sender, raw_topic
+from streams.core.group_starts import GroupStarts
 from streams.core.ledger import LedgerFollower
 from streams.core.retry import Backoff
 from streams.core.settings import (
@@ -79,6 +80,15 @@ def build_generate_app(
         stats=stats,
     )
     observe_generate(app, worker, metrics, observe)
+    # the partitions' leases (streams/core/leases.py): where each resumes, a seek back over a
+    # record not delivered, and the commit guard in faust's consumer thread
+    starts = GroupStarts(kafka, kafka.group(GENERATE_GROUP), earliest=True, backoff=backoff)
+
+    async def seek(tp: Any, offset: int) -> None:
+        await app.consumer.seek(tp, offset)
+
+    worker.intake.leases.connect(starts.start_of, seek)
+    guard_commits(app, worker.intake.leases)
     # each partition in turn, not whole backlogs one after another (streams/generate/fair.py)
     turns = FairTurns(lambda: app.consumer)
 
@@ -112,5 +122,6 @@ def build_generate_app(
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def on_shutdown(sender: Any, *_: Any, **__: Any) -> None:
         await worker.stop()
+        await starts.close()
 
     return app, worker

@@ -42,6 +42,9 @@ class GenerateStats:
     skipped: int = figure("draftgen_generate_skipped", "prompts skipped: already generated")
     # prompts generated from other workers' backlogs (streams/generate/steal.py)
     stolen: int = figure("draftgen_generate_stolen", "prompts generated from others' backlogs")
+    # deliveries its partition's lease refused, unacked (streams/core/leases.py): delivered
+    # before a revocation, delivered again, or past a record not delivered (sought back to it)
+    refused: int = figure("draftgen_generate_refused", "deliveries refused by a partition lease")
     # how its server returns exact token ids, once asked (`ids_note`); "" before
     exact_ids: str = note()
 
