@@ -7,13 +7,18 @@ model of faust's consumer (commit_model.py). The invariant, checked after every 
 offset has an offset below it, in its partition, without an outcome (a completion or a dead letter
 in the topics).
 
-Before leases (`streams/core/leases.py`), hypothesis found (shrunk):
-    assign([0]); deliver(0) ×3 with 2 slots (the third waits in the agent for a slot); revoke;
-    end(offset 0, success) — the freed slot lets the agent add offset 2, revoked, to the window
-    (the window was cleared before it); it is acked when its request ends while the partition
-    is not ours, into faust's acked list (faust does not check the assignment);
-    assign([0]) — the committed offset is still 0, faust's gap check is off at 0; commit:
-    faust commits 3, past offset 1, whose request died with the revocation and was never redone.
+Run against the code before leases (`streams/core/leases.py`), hypothesis found two
+counterexamples (shrunk):
+- with every rule: assign({0}); deliver_after_a_lost_record(0) (offset 1 first: 0 lost on the
+  way); end it (success); commit — faust commits 2, past offset 0, never requested (5 s);
+- without that rule (600 examples, 8 min): assign({0}); deliver_many(0, 4) (two slots: offsets 0
+  and 1 run, the agent holds 2 waiting for a slot); assign({0}) (a rebalance gives the
+  partition back; the window forgets 0 and 1); end offset 0 (success: a slot frees, and the
+  agent adds the revoked offset 2 to the window, which no longer knows it is stale); end offset
+  1's request (transient, retried), end offset 2 (success: acked, into faust's acked list,
+  which faust keeps across the reassignment); commit — faust commits 3 (its gap check is off at
+  a committed offset of 0), past offset 1, whose only request was still being retried under
+  the ended assignment (its dead letter no longer ours to send).
 """
 
 from __future__ import annotations
