@@ -5,7 +5,9 @@ export's filters), the completion that became it: the prompt's messages plus the
 assistant turn (`reasoning_content`, `content`, `tool_calls`), in OpenAI chat format. This is
 what SpecForge's conversation paths take (`scripts/regenerate_train_data.py` writes it;
 `scripts/prepare_hidden_states.py` and `specforge train` with a raw JSONL read it):
-`{"id", "conversations": [messages], "tools"}` a line, plus `source` and `finish_reason`.
+`{"id", "conversations": [messages], "tools"}` a line, plus `source`, `source_id` (the source
+row's own id, as the `hf` and `parquet` exports carry it; null when it had none) and
+`finish_reason`.
 
 Which completion: the completions topic is the source of truth. Each shard of the version (the
 sealed manifest's, or the committed windows that count) covers one offset window of one
@@ -55,6 +57,7 @@ CONVERSATION_SCHEMA = pa.schema(
         ("conversations", pa.list_(MESSAGE)),
         ("tools", pa.string()),
         ("source", pa.string()),
+        ("source_id", pa.string()),
         ("finish_reason", pa.string()),
     ]
 )
@@ -69,6 +72,7 @@ def conversation(completion: CompletionRecord) -> dict[str, Any]:
     if completion.tools:
         row["tools"] = completion.tools
     row["source"] = completion.source
+    row["source_id"] = completion.source_id
     row["finish_reason"] = completion.finish_reason
     return row
 

@@ -1,6 +1,6 @@
 """Completion records → training samples (token ids + loss mask), with drift measurement.
 
-Two token sources (see DESIGN.md, "Tokens and loss masks"):
+Two token sources (see docs/design.md, "Tokens and loss masks"):
 
 - ``server``: the ids the target produced, ``prompt_token_ids + output_token_ids``; the loss
   mask is 0 over the prompt (including a prefilled ``<think>``) and 1 over the output.

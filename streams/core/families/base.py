@@ -2,8 +2,8 @@
 family's model writes, and SGLang's parsing of it back).
 
 One module per family (kimi_k2.py, qwen3.py, generic.py) builds its profile; the registry
-(registry.py) detects it from a chat template or a model name. Facts: shared
-notes/model-templates.md.
+(registry.py) detects it from a chat template or a model name. Facts: each family's module and
+docs/templates.md.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ WORKER_STATS = "worker-stats"
 GENERATED = "generated"
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+# the model families of streams/core/families/registry.py BUILT_IN, in its order (a test checks)
 Family = Literal["kimi_k2", "qwen3", "generic"]
 KeepOrDrop = Literal["drop", "keep"]
 OverLength = Literal["drop", "truncate"]

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
+import typing
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from streams.cli.main import build_parser
 from streams.core.families import (
     FAMILIES,
     GENERIC,
@@ -19,6 +22,10 @@ from streams.core.families import (
     register,
     unregister,
 )
+from streams.core.families.registry import BUILT_IN
+from streams.core.settings import Family
+
+CONFIGURATION = Path(__file__).resolve().parents[3] / "docs" / "configuration.md"
 
 QWEN36_GENERATION = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}"
@@ -79,3 +86,18 @@ def test_the_registry_keeps_built_in_families_and_unique_names() -> None:
     assert family_for_model("Qwen/Qwen3.6-35B-A3B") is QWEN3
     assert family_for_model("meta-llama/Llama-3") is GENERIC
     assert family_for_model("Qwen/Qwen3.6", "kimi_k2") is KIMI_K2
+
+
+def test_the_family_setting_and_its_docs_offer_exactly_the_registered_families() -> None:
+    """`--family` takes its choices from the `Family` Literal (streams/core/settings/names.py),
+    which is cheap to import and so not built from the registry: a family added to
+    `registry.BUILT_IN` must be added there too, and to docs/configuration.md."""
+    built_in = tuple(profile.name for profile in BUILT_IN)
+    assert typing.get_args(Family) == built_in, "add it to Family in settings/names.py"
+    for command in (["worker", "generate"], ["worker", "tokenize"]):
+        for name in built_in:
+            argv = [*command, "--family", name]
+            assert build_parser(argv).parse_args(argv).family == name
+    row = re.search(r"^\| `--family ([^`]+)` \|", CONFIGURATION.read_text(), re.MULTILINE)
+    assert row is not None
+    assert tuple(row.group(1).split("\\|")) == built_in, "docs/configuration.md's --family row"

@@ -118,3 +118,22 @@ def test_rows_are_the_latest_completion_of_their_window(tmp_path: Path) -> None:
     assert (turn["content"], turn["reasoning_content"]) == ("second", "thinking second")
     assert turn["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"a":1}'}
     assert orjson.loads(table[1]["tools"]) == TOOLS and table[0]["tools"] is None
+
+
+def test_each_row_carries_its_source_rows_id_as_every_format_does(tmp_path: Path) -> None:
+    store = ShardStore(str(tmp_path / "out"), "v1")
+    store.write_manifest({"dataset": "v1"})
+    store.write_shard(0, 0, 1, [row("c0"), row("c1")])
+    topic = Topic({0: [answer("c0", "zero", source_id="row-7"), answer("c1", "one")]})
+    reader = DatasetReader(store)
+    for name in ("conversations.jsonl", "conversations.parquet"):
+        join = CompletionsJoin(KafkaSettings(bootstrap="127.0.0.1:9"))
+        join.reader = topic  # type: ignore[assignment]
+        try:
+            export(reader, "conversations", tmp_path / name, ExportRules(), FileSplit(), join)
+        finally:
+            join.close()
+    lines = [orjson.loads(x) for x in (tmp_path / "conversations.jsonl").read_bytes().splitlines()]
+    assert [(line["id"], line["source_id"]) for line in lines] == [("c0", "row-7"), ("c1", None)]
+    table = pq.read_table(tmp_path / "conversations.parquet")
+    assert table.column("source_id").to_pylist() == ["row-7", None]
