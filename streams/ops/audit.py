@@ -121,8 +121,19 @@ class HashedIds:
         # many times) do not grow memory
         pending = sum(len(chunk) for chunk in self._chunks)
         if pending and (force or pending >= max(len(self._kept), _CHUNK)):
-            self._kept = np.unique(np.concatenate([self._kept, *self._chunks]))
+            self._kept = _sorted_unique(np.concatenate([self._kept, *self._chunks]))
             self._chunks = []
+
+
+def _sorted_unique(hashes: Hashes) -> Hashes:
+    # a sort and a neighbour test: several times faster than np.unique (numpy 2.3 hashes)
+    hashes.sort()
+    if len(hashes) < 2:
+        return hashes
+    keep = np.empty(len(hashes), dtype=bool)
+    keep[0] = True
+    np.not_equal(hashes[1:], hashes[:-1], out=keep[1:])
+    return hashes[keep]
 
 
 @dataclass(frozen=True, slots=True)
