@@ -30,6 +30,10 @@ COMMANDS = {
     ),
     "seal": ("seal", "wait until a dataset version has caught up, then write its manifest"),
     "dead-letters": ("dead_letters", "list dead letters; re-publish after a fix"),
+    "audit": (
+        "audit",
+        "list every published prompt without an outcome; exit status 1 if any",
+    ),
     "status": ("status", "where a run stands; --watch-s refreshes"),
     "export": (
         "export",
@@ -97,7 +101,7 @@ def _known_errors() -> tuple[type[BaseException], ...]:
 
 
 # commands that do one thing and end: a failure is their one line of output
-ONE_SHOT = ("publish", "dead-letters", "seal", "export", "report")
+ONE_SHOT = ("publish", "dead-letters", "audit", "seal", "export", "report")
 
 
 def _configure_logging(level: str, command: str) -> None:

@@ -64,7 +64,13 @@ class TopicReader:
             return True
         if self._consumer is None:
             consumer = groupless_consumer(self.kafka)
-            await consumer.start()
+            try:
+                await consumer.start()
+            except BaseException:
+                # no broker: closed here, else asyncio logs an "Unclosed AIOKafkaConsumer"
+                # ERROR after the command's one line
+                await consumer.stop()
+                raise
             self._consumer = consumer
         ids = await self._partition_ids()
         if not ids:

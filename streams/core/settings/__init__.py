@@ -59,6 +59,7 @@ if TYPE_CHECKING:
         setting,
     )
     from streams.core.settings.commands import (
+        AuditSettings,
         DeadLetterSelection,
         ExportSettings,
         LogSettings,
@@ -108,6 +109,7 @@ _HOME = {
         "setting",
     ),
     "commands": (
+        "AuditSettings",
         "DeadLetterSelection",
         "ExportSettings",
         "LogSettings",
@@ -145,6 +147,7 @@ __all__ = [
     "GENERATE_GROUP",
     "PROMPTS",
     "WORKER_STATS",
+    "AuditSettings",
     "BackoffKind",
     "Bootstrap",
     "Compression",

@@ -1,5 +1,5 @@
 """The settings of the one-shot and supervising commands: publish, run, status, dead-letters,
-export, report, seal, replay, and the log level all commands share."""
+audit, export, report, seal, replay, and the log level all commands share."""
 
 from __future__ import annotations
 
@@ -164,6 +164,22 @@ class DeadLetterSelection(Settings):
         cli=True,
         aliases=("--json",),
         help="one JSON object: the counts and every failed prompt",
+    )
+
+
+class AuditSettings(Settings):
+    """`draftgen audit`."""
+
+    republish: bool = setting(
+        False,
+        cli=True,
+        help="send every prompt that has no outcome back to the prompts topic, as it was",
+    )
+    as_json: bool = setting(
+        False,
+        cli=True,
+        aliases=("--json",),
+        help="one JSON object: the counts and every prompt without an outcome",
     )
 
 
