@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import faust
+import orjson
 
 from sinks.shards import ShardStore, rows_to_table
 from streams.core.crash_guard import CrashGuard
@@ -49,6 +50,14 @@ def manifest(settings: TokenizeSettings, loaded: LoadedTokenizer) -> dict[str, A
         "policy": settings.policy.model_dump(),
         "created_at": time.time(),
     }
+
+
+def held_prompts(settings: TokenizeSettings) -> frozenset[str] | None:
+    """The prompt ids the version holds (`prompts_file`); None: every completion."""
+    if settings.prompts_file is None:
+        return None
+    with open(settings.prompts_file, "rb") as file:
+        return frozenset(orjson.loads(file.read()))
 
 
 def stop_sealed(line: str) -> None:
@@ -90,6 +99,7 @@ def build_tokenize_app(
         generation=lambda: int(app.consumer_generation_id),
         guard=guard,
         on_sealed=stop_sealed,
+        prompts=held_prompts(settings),
     )
     observe_tokenize(
         app, worker, TokenizeMetrics(settings.dataset, declared(TokenizeStats)), observe
