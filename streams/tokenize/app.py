@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import faust
+import orjson
 
 from sinks.shards import ShardStore, rows_to_table
 from streams.core.crash_guard import CrashGuard
@@ -53,6 +54,14 @@ def manifest(settings: TokenizeSettings, loaded: LoadedTokenizer) -> dict[str, A
     }
 
 
+def held_prompts(settings: TokenizeSettings) -> frozenset[str] | None:
+    """The prompt ids the version holds (`prompts_file`); None: every completion."""
+    if settings.prompts_file is None:
+        return None
+    with open(settings.prompts_file, "rb") as file:
+        return frozenset(orjson.loads(file.read()))
+
+
 def stop_sealed(line: str) -> None:
     """The version was sealed under this worker: say so, and stop as on SIGTERM (nothing
     more is acked; `worker.sink.sealed` tells the command line to exit non-zero)."""
@@ -92,6 +101,7 @@ def build_tokenize_app(
         generation=lambda: int(app.consumer_generation_id),
         guard=guard,
         on_sealed=stop_sealed,
+        prompts=held_prompts(settings),
     )
     observe_tokenize(
         app, worker, TokenizeMetrics(settings.dataset, declared(TokenizeStats)), observe

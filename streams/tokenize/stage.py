@@ -25,14 +25,24 @@ from streams.core.faust_app import Event
 from streams.core.records import CompletionRecord, DeadLetter, RecordError, origin_of
 from streams.core.retry import Backoff
 from streams.core.settings import TokenizeSettings
+from streams.core.turns import among
 from streams.ops.figures import Figure, figure, figured
 from streams.tokenize.samples import Sample, SampleBuilder, SampleError
 
 log = logging.getLogger(__name__)
 
 STAGE = "tokenize"
-# a window's item: a completion to build, or the dead letter of an undecodable record
-Item = CompletionRecord | DeadLetter
+
+
+class Other:
+    """A completion of a prompt the version does not hold (not in the worker's `prompts`): acked
+    with its window, nothing written."""
+
+
+OTHER = Other()
+# a window's item: a completion to build, the dead letter of an undecodable record, or another
+# prompt's completion
+Item = CompletionRecord | DeadLetter | Other
 # tokens of the completions built in one batch: a batch's texts and encoded ids (a Python int
 # a token, ~36 bytes) live until it is assembled, so a whole window (up to --shard-tokens) at
 # once would hold ~150 MB per 4M tokens; this keeps it ~10 MB and still feeds the encoder's
@@ -102,8 +112,11 @@ class TokenizeWorker:
         generation: Callable[[], int] = lambda: 0,
         guard: CrashGuard | None = None,
         on_sealed: Callable[[str], None] | None = None,
+        prompts: frozenset[str] | None = None,
     ):
         self.guard = guard
+        # the prompt ids (and conversations) the version holds; None: every completion
+        self.prompts = prompts
         self.settings = settings
         self.builder = builder
         self.send = send
@@ -131,6 +144,9 @@ class TokenizeWorker:
         with it, or for any exception while admitting it; never an exception."""
         raw = bytes(event.value)
         key = bytes(event.key).decode("utf-8", "replace") if event.key else None
+        if self.prompts is not None and (key is None or not among(key, self.prompts)):
+            # its bytes stay in the window until it is acked: counted against the budget
+            return Admitted(OTHER, size=len(raw))
         where = (event.message.tp.topic, event.message.tp.partition, event.message.offset)
         origin = origin_of(*where)
         if self.guard and (error := self.guard.poisoned(*where)):
@@ -192,8 +208,9 @@ class TokenizeWorker:
         self.stats.samples += marker.rows
         self.stats.tokens += marker.tokens
         self.stats.loss_tokens += marker.loss_tokens
-        # every item became a row or a dead letter
-        self.stats.dead_letters += len(items) - marker.rows
+        # every item of its prompts became a row or a dead letter
+        ours = sum(1 for item in items if not isinstance(item, Other))
+        self.stats.dead_letters += ours - marker.rows
 
     def _build_each(self, completions: list[CompletionRecord]) -> list[Sample | SampleError]:
         """Built in batches of about BUILD_TOKENS tokens, in order."""

@@ -182,6 +182,10 @@ class TokenizeSettings(Settings):
     # group per dataset version; None: derived from the dataset name
     group_id: SafeName | None = None
     from_beginning: bool = True
+    # only the completions of the prompt ids in this file (a JSON list; a conversation's id
+    # takes its turns): `run` gives its workers the run's prompts, so that its version holds
+    # them and nothing else of a shared completions topic; None: every completion
+    prompts_file: str | None = None
     # compare server ids with the rendering (costs a render + encode per server sample)
     measure_drift: bool = setting(
         True,
