@@ -36,6 +36,7 @@ from streams.core.settings import (
     secrets_removed,
 )
 from streams.core.turns import finished
+from streams.ops.audit import audit, republish_command
 from streams.ops.console import RunConsole
 from streams.ops.progress import DatasetFigures, DeadLetterReader, DeadLetterTally, dataset_figures
 
@@ -307,9 +308,15 @@ def run_pipeline(args: argparse.Namespace) -> int:
                     show_progress=sys.stderr.isatty(),
                 )
             )
+            # from the topics, not from the workers' counts: every prompt published has an outcome
+            audited = asyncio.run(audit(kafka, progress=sys.stderr.isatty()))
         except RunFailed as err:
             raise CliError(str(err)) from None
     print_summary(result, store.url, workdir, before=len(set(summary.generated_ids)))
+    first, *rest = audited.lines(republish_command(draftgen_command(), kafka))
+    print(f"  audit        {first}")
+    for line in rest:
+        print(f"    {line}")
     print_next_steps(
         out=out,
         dataset=settings.dataset,
@@ -318,7 +325,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
         broker_kept=local is not None or bool(getattr(args, "bootstrap", None)),
         topic_prefix=kafka.topic_prefix,
     )
-    return 0
+    return 0 if audited.missing == audited.pending else 1  # 1: a prompt lost
 
 
 def draftgen_command() -> list[str]:
