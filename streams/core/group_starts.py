@@ -9,6 +9,7 @@ group-less consumer, made on first use and kept; an outage is waited out (stream
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from typing import Any
@@ -31,6 +32,7 @@ class GroupStarts:
         self.backoff = backoff
         self._admin: AIOKafkaAdminClient | None = None
         self._consumer: AIOKafkaConsumer | None = None
+        self._reading = asyncio.Lock()  # one look into the log at a time (assign + seek)
 
     async def start_of(self, tp: Any) -> int | None:
         what = f"asking where group {self.group} resumes {tp.topic}/{tp.partition}"
@@ -47,13 +49,33 @@ class GroupStarts:
         committed = None if meta is None or meta.offset < 0 else int(meta.offset)
         if committed is None and not self.earliest:
             return None
+        consumer = await self._consumer_client()
+        first = int((await consumer.beginning_offsets([partition]))[partition])
+        # a committed offset below the log's start (retention deleted them): resumes at its start
+        return first if committed is None else max(committed, first)
+
+    async def first_at(self, tp: Any, offset: int) -> int | None:
+        """The first offset the log holds at or after `offset` (None: none yet): whether a hole
+        a lease waits at is in the log itself (streams/core/leases.py)."""
+        what = f"reading {tp.topic}/{tp.partition} at offset {offset}"
+        return await until_done(what, lambda: self._first_at(tp, offset), self.backoff, log)
+
+    async def _first_at(self, tp: Any, offset: int) -> int | None:
+        partition = TopicPartition(tp.topic, tp.partition)
+        async with self._reading:
+            consumer = await self._consumer_client()
+            consumer.assign([partition])
+            consumer.seek(partition, offset)
+            batch = await consumer.getmany(partition, timeout_ms=1000, max_records=1)
+            records = batch.get(partition, [])
+            return int(records[0].offset) if records else None
+
+    async def _consumer_client(self) -> AIOKafkaConsumer:
         if self._consumer is None:
             consumer = groupless_consumer(self.kafka)
             await consumer.start()
             self._consumer = consumer
-        first = int((await self._consumer.beginning_offsets([partition]))[partition])
-        # a committed offset below the log's start (retention deleted them): resumes at its start
-        return first if committed is None else max(committed, first)
+        return self._consumer
 
     async def close(self) -> None:
         if self._consumer is not None:

@@ -16,8 +16,12 @@ What it refuses, and why (each was a way to lose a prompt with faust-streaming 0
   only copy died with the revocation.
 - A first offset past the group's committed one, or a hole later on (a record the fetcher did
   not hand over): GAP, dropped unacked, and the partition is sought back to the missing offset,
-  which is then delivered again. faust commits the first run of consecutive acked offsets, and
-  does not see a hole at a committed offset of 0 or of one offset (faust-streaming #606).
+  which is then delivered again (records fetched before the seek still arrive: refused too).
+  faust commits the first run of consecutive acked offsets, and does not see a hole at a
+  committed offset of 0 or of one offset (faust-streaming #606). Only Kafka can say that a
+  hole is in the log itself (a transaction marker, records deleted by retention): a hole that
+  stays `HOLE_CHECK_S` after the seek is looked up in the log (`first_at`); if the log has no
+  record there, the lease admits over it, with an error line; if it has, it seeks again.
 - An offset the lease admitted already (delivered again after such a seek): DUPLICATE.
 
 Everything here runs in the worker's event loop but `committable`, which faust's consumer thread
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 
@@ -39,9 +44,12 @@ log = logging.getLogger(__name__)
 StartOf = Callable[[Hashable], Awaitable[int | None]]
 Seek = Callable[[Hashable, int], Awaitable[None]]
 
-# a hole that stays after this many seeks back to it is taken to be one in the log itself
-# (a transaction marker, records deleted by retention): admitted over, with an error line
-SEEKS_BEFORE_A_HOLE = 3
+# the first offset the log holds at or after an offset (None: none yet)
+FirstAt = Callable[[Hashable, int], Awaitable[int | None]]
+
+# seconds a hole may stay after the seek back to it before the log is asked whether it has a
+# record there (and again as often, while it stays)
+HOLE_CHECK_S = 5.0
 
 
 class Verdict(enum.Enum):
@@ -64,21 +72,25 @@ class Lease:
     acked: int | None = None  # every offset below it is acked: its outcome durable
     ended: bool = False
     seeks: int = 0  # seeks back to `next`
+    checked_at: float = 0.0  # when the hole at `next` was last sought back to or looked up
     # holes in the log admitted over (start of hole -> the offset after it)
     holes: dict[int, int] = field(default_factory=dict)
 
 
 class Leases:
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._current: dict[Hashable, Lease] = {}
         self._numbers: dict[Hashable, int] = {}
         self._start_of: StartOf | None = None
         self._seek: Seek | None = None
+        self._first_at: FirstAt | None = None
+        self._clock = clock
 
-    def connect(self, start_of: StartOf, seek: Seek) -> None:
-        """The consumer's side: the group's committed offsets and a seek. Unconnected (unit
-        tests of other parts), a lease starts at its first offset, unchecked."""
-        self._start_of, self._seek = start_of, seek
+    def connect(self, start_of: StartOf, seek: Seek, first_at: FirstAt | None = None) -> None:
+        """The consumer's side: the group's committed offsets, a seek, and a look into the log
+        (without it a hole is never admitted over). Unconnected (unit tests of other parts), a
+        lease starts at its first offset, unchecked."""
+        self._start_of, self._seek, self._first_at = start_of, seek, first_at
 
     def lease(self, tp: Hashable) -> Lease:
         """The partition's current lease, begun now if it has none: call as an event is
@@ -114,36 +126,59 @@ class Leases:
         assert lease.next is not None
         if offset < lease.next:
             return Verdict.DUPLICATE
-        if offset > lease.next:
-            if lease.seeks < SEEKS_BEFORE_A_HOLE or self._seek is None:
-                await self._seek_back(lease, offset)
-                return Verdict.GAP
-            log.error(
-                "partition %s: offsets %d to %d are not in the log after %d seeks back; "
-                "taking them as a hole in the log (none of them is a prompt this worker saw)",
-                _name(lease.tp),
-                lease.next,
-                offset - 1,
-                lease.seeks,
-            )
-            lease.holes[lease.next] = offset
-            if lease.acked == lease.next:
-                lease.acked = offset
+        if offset > lease.next and not await self._over_a_hole(lease, offset):
+            return Verdict.GAP
         lease.next = offset + 1
         lease.seeks = 0
         return Verdict.ADMIT
 
-    async def _seek_back(self, lease: Lease, offset: int) -> None:
-        lease.seeks += 1
-        if lease.seeks == 1:  # once per hole: later events of the same hole say nothing new
+    async def _over_a_hole(self, lease: Lease, offset: int) -> bool:
+        """`offset` came where `lease.next` was due: seek back to it (once; again when the log
+        has it but it still does not come), or admit over it when the log has no record there.
+        True: admit `offset`."""
+        assert lease.next is not None
+        due, now = lease.next, self._clock()
+        if lease.seeks == 0:
             log.warning(
                 "partition %s: offset %d delivered where %d was due (%s); seeking back to %d",
                 _name(lease.tp),
                 offset,
-                lease.next,
-                "the group's committed offset" if lease.next == lease.start else "a hole",
-                lease.next,
+                due,
+                "the group's committed offset" if due == lease.start else "a hole",
+                due,
             )
+            await self._seek_to(lease, now)
+            return False
+        if self._first_at is None or now - lease.checked_at < HOLE_CHECK_S:
+            return False  # fetched before the seek took effect, or not looked up yet
+        lease.checked_at = now
+        first = await self._first_at(lease.tp, due)
+        if not self.holds(lease) or first is None or first <= due:
+            if first == due:
+                await self._seek_to(lease, now)  # the log has it: ask for it again
+            return False
+        if first > offset:
+            return False  # the log skips past this offset too: it will not come again
+        log.error(
+            "partition %s: offsets %d to %d are not in the log (a transaction marker, or "
+            "deleted by retention); going on from %d",
+            _name(lease.tp),
+            due,
+            first - 1,
+            first,
+        )
+        lease.holes[due] = first
+        if lease.acked == due:
+            lease.acked = first
+        if first < offset:
+            lease.next = first  # due now: sought back to it
+            await self._seek_to(lease, now)
+            return False
+        return True
+
+    async def _seek_to(self, lease: Lease, now: float) -> None:
+        lease.seeks += 1
+        lease.checked_at = now
         if self._seek is not None:
             assert lease.next is not None
             await self._seek(lease.tp, lease.next)

@@ -87,7 +87,7 @@ def build_generate_app(
     async def seek(tp: Any, offset: int) -> None:
         await app.consumer.seek(tp, offset)
 
-    worker.intake.leases.connect(starts.start_of, seek)
+    worker.intake.leases.connect(starts.start_of, seek, starts.first_at)
     guard_commits(app, worker.intake.leases)
     # each partition in turn, not whole backlogs one after another (streams/generate/fair.py)
     turns = FairTurns(lambda: app.consumer)

@@ -133,7 +133,7 @@ def build_tokenize_app(
     async def seek(tp: Any, offset: int) -> None:
         await app.consumer.seek(tp, offset)
 
-    worker.sink.leases.connect(starts.start_of, seek)
+    worker.sink.leases.connect(starts.start_of, seek, starts.first_at)
     guard_commits(app, worker.sink.leases)
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # faust types are narrower than its runtime
