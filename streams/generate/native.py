@@ -1,7 +1,7 @@
 """`--api native`: token-exact generation on servers whose chat endpoint returns no ids.
 
 The prompt is rendered here with the target's chat template, as SGLang's chat endpoint of the
-server's version renders it (streams/core/serving.py: the same ids the chat endpoint would
+server's version renders it (streams/core/serving/: the same ids the chat endpoint would
 use), and its ids are posted to SGLang's native `/generate` with the
 same sampling parameters and the end-of-turn stop token. The output ids are recorded as
 sampled, and the output is split into reasoning, content and tool calls with SGLang's own
