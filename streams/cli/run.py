@@ -246,6 +246,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
                 "--seed",
                 str(index),
                 name=f"emulator-{index}",
+                kind=settings.emulate,
             )
             for index in range(settings.emulated_servers)
         ]

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from streams.core.delivery import Send
 from streams.core.faust_app import Event
 from streams.core.retry import Backoff, Outage, until_done
+from streams.core.serving import VLLM
 from streams.core.settings import DEFAULT_CONCURRENCY, GenerateSettings
 from streams.generate.exact_ids import IdsWay
 from streams.generate.gate import ServerGate
@@ -148,8 +149,9 @@ class GenerateWorker:
             f"asking {url} for its version", self.client.use_server_version
         )
         log.info(
-            "server %s reports SGLang %s: prompts render as %s preprocesses them%s",
+            "server %s reports %s %s: prompts render as %s preprocesses them%s",
             url,
+            "vLLM" if self.client.server_kind == VLLM else "SGLang",
             self.client.server_version or "(no version)",
             normalization.name,
             " (forced by --normalization)" if self.settings.normalization else "",

@@ -28,7 +28,7 @@ class DatasetRow:
     drifted: int = 0
     drift_causes: dict[str, int] = field(default_factory=dict)
     # samples by the SGLang preprocessing profile their prompt was rendered with
-    # (streams/core/serving.py; "" for completions written before profiles)
+    # (streams/core/serving/; "" for completions written before profiles)
     normalizations: dict[str, int] = field(default_factory=dict)
     # the version's recorded drops (policy_* and the tokenize stage's errors), by kind: each
     # prompt once, unlike the dead-letters topic, which every version under the prefix shares

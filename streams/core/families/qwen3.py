@@ -112,7 +112,7 @@ class QwenFormat:
         start = text.find(TOOL_CALL)
         if start < 0:
             return text, []
-        # function dicts, or SGLang's {"type", "function"} tool dumps (streams/core/serving.py)
+        # function dicts, or SGLang's {"type", "function"} tool dumps (streams/core/serving/)
         functions = [t.get("function", t) for t in tools]
         schemas = {f.get("name"): f.get("parameters") for f in functions}
         calls: list[ToolCall] = []

@@ -91,6 +91,12 @@ class RunSettings(Settings):
         env=("DRAFTGEN_RUN_TIMEOUT_S",),
         gt=0,
     )
+    # which server the emulated servers imitate (compose/emulator/: routes, ids, preprocessing)
+    emulate: Literal["sglang", "vllm"] = setting(
+        "sglang",
+        cli=True,
+        help="the server the emulated servers imitate: SGLang (0.5.23) or vLLM (0.34.0)",
+    )
     emulator_tokens_per_s: float = setting(
         2000.0,
         cli=True,

@@ -73,13 +73,15 @@ class GenerateSettings(Settings):
         aliases=("--tokenizer",),
         help="the target's tokenizer directory, the one the server uses (for --api native)",
     )
-    # None: the profile of the SGLang version the server reports at start (newest if it says
-    # none); recorded per completion, so the tokenize stage renders as the server did
+    # None: the profile of the SGLang or vLLM version the server reports at start (the newest
+    # SGLang one if it says none); recorded per completion, so the tokenize stage renders as
+    # the server did
     normalization: Normalization | None = setting(
         None,
         cli=True,
-        help="render prompts as this SGLang version range preprocesses chat requests "
-        "(default: from the version the server reports; the newest if it reports none)",
+        help="render prompts as this SGLang or vLLM version range preprocesses chat requests "
+        "(default: from the version the server reports; the newest SGLang one if it reports "
+        "none)",
     )
     api_key: SecretStr | None = setting(None, env=("DRAFTGEN_API_KEY", "OPENAI_API_KEY"))
     request_timeout_s: float = setting(1800.0, cli=True, aliases=("--request-timeout",), gt=0)

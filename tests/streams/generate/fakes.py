@@ -83,6 +83,7 @@ class FakeClient:
         self.probes = 0
         self.closed = False
         self.server_version: str | None = None
+        self.server_kind = "sglang"
 
     async def discover(self) -> None:
         self._check_key()

@@ -21,31 +21,27 @@ wheels 0.5.1 and 0.5.3 to 0.5.12, and for the later changes 0.5.15, 0.5.18, 0.5.
   "medium"), only when the request sets it from 0.5.10; `chat_template_kwargs` as keywords.
 
 A profile is chosen from the version the server reports (`/server_info`'s `version`), the newest
-by default (`profile_for_version`). The emulator prepares requests with the same code, so the
-tests see what a real server does.
+by default (streams/core/serving/__init__.py). The emulator prepares requests with the same
+code, so the tests see what a real server does.
 """
 
 from __future__ import annotations
 
 import copy
-import re
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import jinja2
 import jinja2.nodes as nodes
 import orjson
 
-ContentFormat = Literal["string", "openai"]
-
-
-class NormalizationError(ValueError):
-    """SGLang would refuse the request (a 400): arguments that are not JSON, a bad tool."""
+from streams.core.serving.base import ContentFormat, NormalizationError
 
 
 @dataclass(frozen=True)
-class ServerNormalization:
+class SglangNormalization:
     """One SGLang version range's request preprocessing."""
 
     name: str
@@ -63,6 +59,12 @@ class ServerNormalization:
     join_tool_text: bool
     # the tool dump carries `defer_loading` (null unless set; 0.5.11)
     defer_loading: bool
+
+    kind = "sglang"
+
+    def template_content_format(self, template: str | None) -> ContentFormat:
+        """How list content is flattened for this chat template (`detect_content_format`)."""
+        return detect_content_format(template)
 
     def tools(self, tools: Any, tool_choice: Any = "auto") -> list[dict[str, Any]] | None:
         """The `tools` the template gets."""
@@ -262,60 +264,10 @@ def _join_tool_text(content: Any) -> Any:
     return content
 
 
-# Newest last; each describes versions from its `since` up to the next one's. Fields: name,
-# since, wrapped_tools, caller_key_order, parse_arguments, default_reasoning_effort,
-# join_tool_text, defer_loading.
-PROFILES: tuple[ServerNormalization, ...] = (
-    ServerNormalization("sglang-0.5.1", (0,), False, False, False, "medium", False, False),
-    ServerNormalization("sglang-0.5.4", (0, 5, 4), False, False, True, "medium", False, False),
-    ServerNormalization("sglang-0.5.9", (0, 5, 9), True, False, True, "medium", False, False),
-    ServerNormalization("sglang-0.5.10", (0, 5, 10), True, False, True, None, False, False),
-    ServerNormalization("sglang-0.5.11", (0, 5, 11), True, False, True, None, True, True),
-    ServerNormalization("sglang-0.5.23", (0, 5, 23), True, True, True, None, True, True),
-)
-BY_NAME: dict[str, ServerNormalization] = {p.name: p for p in PROFILES}
-PROFILE_NAMES: tuple[str, ...] = tuple(BY_NAME)
-NEWEST = PROFILES[-1]
-_VERSION = re.compile(r"v?(\d+(?:\.\d+)*)")
-
-
-def parse_version(text: Any) -> tuple[int, ...] | None:
-    """`0.5.23`, `v0.5.23.post1`, `0.5.23rc0+cu128` → (0, 5, 23); None when not a version."""
-    if not isinstance(text, str):
-        return None
-    match = _VERSION.match(text.strip())
-    if match is None:
-        return None
-    return tuple(int(part) for part in match.group(1).split("."))
-
-
-def profile_for_version(version: Any) -> ServerNormalization:
-    """The profile of a reported server version; the newest for an unknown one."""
-    parsed = parse_version(version)
-    if parsed is None:
-        return NEWEST
-    chosen = PROFILES[0]
-    for profile in PROFILES:
-        if parsed >= profile.since:
-            chosen = profile
-    return chosen
-
-
-def profile_named(name: str | None) -> ServerNormalization:
-    """A profile by name; the newest for None or "" (records written before profiles)."""
-    if not name:
-        return NEWEST
-    try:
-        return BY_NAME[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown normalization profile {name!r}; known: {', '.join(PROFILE_NAMES)}"
-        ) from None
-
-
 # -- the template's content format (sglang/srt/parser/jinja_template_utils.py) -------------
 
 
+@functools.lru_cache(maxsize=32)
 def detect_content_format(template: str | None) -> ContentFormat:
     """ "openai" when the template loops over a message's content (or mentions media), else
     "string", as SGLang decides how to flatten list content."""
@@ -351,3 +303,16 @@ def _iterates_content(node: Any, name: str) -> bool:
             isinstance(node.node, nodes.Name) and node.node.name == name and node.attr == "content"
         )
     return False
+
+
+# Newest last; each describes versions from its `since` up to the next one's. Fields: name,
+# since, wrapped_tools, caller_key_order, parse_arguments, default_reasoning_effort,
+# join_tool_text, defer_loading.
+SGLANG_PROFILES: tuple[SglangNormalization, ...] = (
+    SglangNormalization("sglang-0.5.1", (0,), False, False, False, "medium", False, False),
+    SglangNormalization("sglang-0.5.4", (0, 5, 4), False, False, True, "medium", False, False),
+    SglangNormalization("sglang-0.5.9", (0, 5, 9), True, False, True, "medium", False, False),
+    SglangNormalization("sglang-0.5.10", (0, 5, 10), True, False, True, None, False, False),
+    SglangNormalization("sglang-0.5.11", (0, 5, 11), True, False, True, None, True, True),
+    SglangNormalization("sglang-0.5.23", (0, 5, 23), True, True, True, None, True, True),
+)
