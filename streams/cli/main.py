@@ -16,6 +16,7 @@ from typing import NoReturn
 from streams.core.errors import CliError
 from streams.core.outage import quiet_repeats, short_error
 from streams.core.settings.names import LogLevel
+from streams.ops.export_formats import EXPORT_FORMATS
 
 # name: (module under streams.cli, help). A command's module, and the settings classes its
 # flags come from (pydantic), are imported only when that command is chosen: `draftgen --help`
@@ -35,10 +36,7 @@ COMMANDS = {
         "list every published prompt without an outcome; exit status 1 if any",
     ),
     "status": ("status", "where a run stands; --watch-s refreshes"),
-    "export": (
-        "export",
-        "a dataset version as a trainer's input (specforge, hf, parquet, conversations)",
-    ),
+    "export": ("export", f"a dataset version as a trainer's input ({', '.join(EXPORT_FORMATS)})"),
     "report": ("report", "what a dataset version holds: JSON, PNG plots, one HTML page"),
     "emulate-server": ("emulate", "an SGLang-compatible emulated server"),
     "stack": ("stack", "a local Kafka and S3 that stay up: up, down, status"),

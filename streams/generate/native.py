@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from streams.core.parsers import parse, split_reasoning, tool_start_token
+from streams.core.parsers import split_reasoning
 from streams.core.records import PromptRecord
 from streams.core.serving import (
     NEWEST,
@@ -126,14 +126,16 @@ class NativeChat:
         reasoning, content = None, text
         profile = self.profile
         if profile.reasoning_parser and self.thinking:
-            tool_start = tool_start_token(profile.name) if native.tools else None
+            tool_start = profile.tool_start if native.tools else None
             split = split_reasoning(
                 text, profile.think_open, profile.think_close, profile.prefills_think, tool_start
             )
             reasoning, content = split[0] or None, split[1]
         tool_calls = None
         if native.tools and profile.tool_call_parser:
-            content, calls = parse(profile.name, content, native.tools, native.history_tool_calls)
+            content, calls = profile.parse_tool_calls(
+                content, native.tools, native.history_tool_calls
+            )
             if calls:
                 tool_calls = [call.to_openai(i) for i, call in enumerate(calls)]
                 finish = "tool_calls" if finish == "stop" else finish

@@ -20,6 +20,7 @@ a time and only the window's records whose key is one of its kept rows are held.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ from streams.core.range_reader import RangeReader
 from streams.core.records import CompletionRecord, RecordError
 from streams.core.settings import COMPLETIONS, KafkaSettings
 from streams.core.topic_reader import ConsumerRecord
+from streams.ops.export import JsonlPart, ParquetPart, Part, Writer
 
 _TOOL_CALL = pa.struct(
     [
@@ -107,6 +109,20 @@ def conversations_parquet(table: pa.Table) -> pa.Table:
         row["tools"] = _text(row.get("tools"))
         rows.append(row)
     return pa.Table.from_pylist(rows, schema=CONVERSATION_SCHEMA)
+
+
+class ConversationsWriter(Writer):
+    """JSON lines of the joined rows' `json`, or Parquet for an `--output` ending in .parquet."""
+
+    def __init__(self, name: str, output: Path):
+        super().__init__(name, output)
+        self.parquet = output.suffix == ".parquet"
+        self.suffix = ".parquet" if self.parquet else ".jsonl"
+
+    def open_part(self, path: Path) -> Part:
+        if self.parquet:
+            return ParquetPart(path, CONVERSATION_SCHEMA, conversations_parquet)
+        return JsonlPart(path)
 
 
 class CompletionsJoin:

@@ -14,6 +14,8 @@
   (streams/ops/conversations.py); JSON lines, or Parquet for an `--output` ending in
   `.parquet`. The rules choose the rows as for the token formats; the conversation is whole.
 
+Each format is a `Writer` registered in streams/ops/export_formats.py, the one list of them.
+
 Filters (`--source`, `--finish-reason`, `--min-len`/`--max-len` on the stored length) are
 applied before the length rules. `--rows-per-file` / `--tokens-per-file` split the output into
 numbered files (`--output` is then a directory of `part-NNNNN.*`; for `hf`, the data files of
@@ -44,9 +46,7 @@ import pyarrow.parquet as pq
 
 from sinks.reader import DatasetReader, ShardRef, table_rows
 from sinks.shards import SHARD_SCHEMA
-from streams.ops.conversations import CONVERSATION_SCHEMA, conversations_parquet
 
-Format = Literal["specforge", "hf", "parquet", "conversations"]
 EXPORT_SCHEMA = SHARD_SCHEMA.append(pa.field("truncated", pa.bool_()))
 SPECFORGE_COLUMNS = ("prompt_id", "input_ids", "loss_mask")
 
@@ -370,20 +370,57 @@ def _finish_hf(directory: Path, schema: pa.Schema) -> None:
     datasets.DatasetInfo(features=features).write_to_directory(str(directory))
 
 
-def _writer(fmt: Format, output: Path) -> tuple[Callable[[Path], Part], str]:
-    """How a part of this format is opened, and its file name suffix."""
-    if fmt == "specforge":
-        return JsonlPart, ".jsonl"
-    if fmt == "conversations":
-        if output.suffix == ".parquet":
-            return (
-                lambda path: ParquetPart(path, CONVERSATION_SCHEMA, conversations_parquet),
-                ".parquet",
-            )
-        return JsonlPart, ".jsonl"
-    if fmt == "hf":
-        return (lambda path: ArrowPart(path, EXPORT_SCHEMA)), ".arrow"
-    return (lambda path: ParquetPart(path, EXPORT_SCHEMA, _export_columns)), ".parquet"
+class Writer:
+    """How an export format writes `--output`: one file, or (split) a directory of numbered
+    parts; a `directory` format writes a directory of data files however it is split. Each
+    part is opened by `open_part`; `finish` completes the output once every part is written.
+    Registered under `name` in streams/ops/export_formats.py (`open_writer`)."""
+
+    suffix = ".jsonl"
+    directory = False
+
+    def __init__(self, name: str, output: Path):
+        self.name = name
+        self.output = output
+
+    def open_part(self, path: Path) -> Part:
+        raise NotImplementedError
+
+    def part_name(self, index: int) -> str:
+        return f"part-{index:05d}{self.suffix}"
+
+    def finish(self, written: Path, summary: ExportSummary) -> None:
+        """After the last part, on the output as written (beside its final name)."""
+
+
+class SpecforgeWriter(Writer):
+    def open_part(self, path: Path) -> Part:
+        return JsonlPart(path)
+
+
+class ParquetWriter(Writer):
+    suffix = ".parquet"
+
+    def open_part(self, path: Path) -> Part:
+        return ParquetPart(path, EXPORT_SCHEMA, _export_columns)
+
+
+class HfWriter(Writer):
+    """The data files of a `save_to_disk` directory, then its index files."""
+
+    suffix = ".arrow"
+    directory = True
+
+    def open_part(self, path: Path) -> Part:
+        return ArrowPart(path, EXPORT_SCHEMA)
+
+    def part_name(self, index: int) -> str:
+        return f"data-{index:05d}.arrow"
+
+    def finish(self, written: Path, summary: ExportSummary) -> None:
+        _finish_hf(written, EXPORT_SCHEMA)
+        for index, entry in enumerate(summary.files):
+            entry[0] = f"data-{index:05d}-of-{len(summary.files):05d}.arrow"
 
 
 def _export_columns(table: pa.Table) -> pa.Table:
@@ -395,39 +432,28 @@ Completions = Callable[[ShardRef, pa.Table, ExportSummary], pa.Table]
 
 def export(
     reader: DatasetReader,
-    fmt: Format,
-    output: Path,
+    writer: Writer,
     rules: ExportRules,
     split: FileSplit = FileSplit(),
     conversations: Completions | None = None,
 ) -> ExportSummary:
-    """Shard by shard: read, filter and cut, (for `conversations`, join with the completions
-    that became the rows), write. Memory is one shard and the writer of one output file."""
-    if fmt == "conversations" and conversations is None:
-        raise ValueError("--format conversations needs the completions topic")
-    summary = ExportSummary(format=fmt, output=str(output))
-    open_part, suffix = _writer(fmt, output)
-    with _in_place(output) as tmp:
-        if fmt == "hf":
+    """Shard by shard: read, filter and cut, (for a format that needs them, join with the
+    completions that became the rows: `conversations`), write to `writer.output`. Memory is one
+    shard and the writer of one output file."""
+    summary = ExportSummary(format=writer.name, output=str(writer.output))
+    with _in_place(writer.output) as tmp:
+        if writer.directory or split.active:
             tmp.mkdir()
-            files = SplitFiles(tmp, open_part, split, summary, lambda i: f"data-{i:05d}.arrow")
-        elif split.active:
-            tmp.mkdir()
-            files = SplitFiles(tmp, open_part, split, summary, lambda i: f"part-{i:05d}{suffix}")
+            files = SplitFiles(tmp, writer.open_part, split, summary, writer.part_name)
         else:
-            files = SplitFiles(tmp.parent, open_part, split, summary, lambda i: tmp.name)
+            files = SplitFiles(tmp.parent, writer.open_part, split, summary, lambda i: tmp.name)
         for ref in reader.shards():
             table = apply_rules(reader.read_shard(ref), rules, summary)
             if conversations is not None and table.num_rows:
                 table = conversations(ref, table, summary)
             files.write(table)
         files.close()
-        if fmt == "hf":
-            _finish_hf(tmp, EXPORT_SCHEMA)
-            for entry in summary.files:
-                entry[0] = (
-                    f"data-{summary.files.index(entry):05d}-of-{len(summary.files):05d}.arrow"
-                )
+        writer.finish(tmp, summary)
     return summary
 
 
@@ -437,6 +463,10 @@ __all__ = [
     "ExportRules",
     "ExportSummary",
     "FileSplit",
+    "JsonlPart",
+    "ParquetPart",
+    "Part",
+    "Writer",
     "apply_rules",
     "export",
     "has_loss_run",

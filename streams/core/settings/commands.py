@@ -18,7 +18,7 @@ from streams.core.settings.base import (
     setting,
 )
 from streams.core.settings.kafka import KafkaSettings, kafka_if_configured
-from streams.core.settings.names import ExportFormat, LogLevel, RegenMode
+from streams.core.settings.names import LogLevel, RegenMode
 from streams.core.settings.policy import ExportCut
 from streams.core.settings.storage import StorageSettings
 
@@ -196,16 +196,12 @@ class ExportSettings(Settings):
 
     storage: StorageSettings
     dataset: DatasetName = dataset_setting()
-    format: ExportFormat = setting(
-        cli=True,
-        help="specforge: JSON lines of prompt_id, input_ids, loss_mask; hf: a datasets "
-        "save_to_disk directory; parquet: one Parquet file; conversations: each sample's "
-        "regenerated conversation (OpenAI messages) from the completions topic, JSON lines "
-        "(Parquet when --output ends in .parquet)",
-    )
+    # a name in streams/ops/export_formats.py EXPORT_FORMATS, which offers the choices and
+    # their help; the command line checks it (these settings sit below the registry)
+    format: str = setting(cli=True, help="what to write")
     output: str = setting(
         cli=True,
-        help="the file (specforge, parquet, conversations) or directory (hf, or any format "
+        help="the file or directory (a format that writes one, such as hf, or any format "
         "split by --rows-per-file/--tokens-per-file) to write; new",
     )
     # split into files of at most this many rows / tokens (prompt included, after the cut),

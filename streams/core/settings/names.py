@@ -16,11 +16,8 @@ WORKER_STATS = "worker-stats"
 GENERATED = "generated"
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
-# the model families of streams/core/families/registry.py BUILT_IN, in its order (a test checks)
-Family = Literal["kimi_k2", "qwen3", "generic"]
 KeepOrDrop = Literal["drop", "keep"]
 OverLength = Literal["drop", "truncate"]
-ExportFormat = Literal["specforge", "hf", "parquet", "conversations"]
 RegenMode = Literal["final", "every-turn"]
 GenerateApi = Literal["chat", "native"]
 # SGLang's and vLLM's request-preprocessing profiles (streams/core/serving/ PROFILE_NAMES; a

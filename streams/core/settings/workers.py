@@ -3,13 +3,15 @@ and what every worker observes."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import SecretStr, model_validator
 
+from streams.core.families import FAMILIES
 from streams.core.settings.base import (
     Concurrency,
     DatasetName,
+    OneOf,
     SafeName,
     ServerUrl,
     Settings,
@@ -20,12 +22,14 @@ from streams.core.settings.base import (
 from streams.core.settings.kafka import KafkaSettings
 from streams.core.settings.names import (
     DEFAULT_CONCURRENCY,
-    Family,
     GenerateApi,
     Normalization,
 )
 from streams.core.settings.policy import SamplePolicy
 from streams.core.settings.storage import StorageSettings
+
+# a registered model family (streams/core/families/registry.py FAMILIES)
+FamilyName = Annotated[str, OneOf(FAMILIES)]
 
 
 class SamplingSettings(Settings):
@@ -52,7 +56,7 @@ class GenerateSettings(Settings):
     # None: ask the server which model it serves
     model: str | None = setting(None, cli=True, help="served model name (default: ask the server)")
     # family name whose thinking kwarg is sent; None: detect from the model name
-    family: Family | None = setting(
+    family: FamilyName | None = setting(
         None,
         cli=True,
         help="model family for the thinking kwarg (default: from the model name)",
@@ -148,7 +152,7 @@ class TokenizeSettings(Settings):
     dataset: DatasetName = dataset_setting()
     storage: StorageSettings
     kafka: KafkaSettings = setting(default_factory=lambda: KafkaSettings())
-    family: Family | None = setting(
+    family: FamilyName | None = setting(
         None,
         cli=True,
         help="model family (default: detected from the tokenizer's template)",

@@ -18,6 +18,7 @@ from streams.core.records import CompletionRecord
 from streams.core.settings import KafkaSettings
 from streams.ops.conversations import CompletionsJoin
 from streams.ops.export import ExportRules, FileSplit, export
+from streams.ops.export_formats import open_writer
 
 
 class Topic:
@@ -86,7 +87,9 @@ def test_rows_are_the_latest_completion_of_their_window(tmp_path: Path) -> None:
     output = tmp_path / "conversations.jsonl"
     reader = DatasetReader(store)
     try:
-        summary = export(reader, "conversations", output, ExportRules(), FileSplit(), join)
+        summary = export(
+            reader, open_writer("conversations", output), ExportRules(), FileSplit(), join
+        )
     finally:
         join.close()
     assert topic.reads == [(0, 0, 3), (0, 4, 5), (1, 0, 1)]
@@ -109,7 +112,7 @@ def test_rows_are_the_latest_completion_of_their_window(tmp_path: Path) -> None:
     join = CompletionsJoin(KafkaSettings(bootstrap="127.0.0.1:9"))
     join.reader = topic  # type: ignore[assignment]
     try:
-        export(reader, "conversations", parquet, ExportRules(), FileSplit(), join)
+        export(reader, open_writer("conversations", parquet), ExportRules(), FileSplit(), join)
     finally:
         join.close()
     table = pq.read_table(parquet).to_pylist()
@@ -130,7 +133,8 @@ def test_each_row_carries_its_source_rows_id_as_every_format_does(tmp_path: Path
         join = CompletionsJoin(KafkaSettings(bootstrap="127.0.0.1:9"))
         join.reader = topic  # type: ignore[assignment]
         try:
-            export(reader, "conversations", tmp_path / name, ExportRules(), FileSplit(), join)
+            writer = open_writer("conversations", tmp_path / name)
+            export(reader, writer, ExportRules(), FileSplit(), join)
         finally:
             join.close()
     lines = [orjson.loads(x) for x in (tmp_path / "conversations.jsonl").read_bytes().splitlines()]
