@@ -22,8 +22,8 @@ def run(args: argparse.Namespace) -> int:
     settings = build(ExportSettings, args)  # first: a bad setting is said before the imports
     from sinks.reader import DatasetReader
     from sinks.shards import ShardStore
-    from streams.ops.conversations import CompletionsJoin
-    from streams.ops.export import ExportRules, FileSplit, export
+    from streams.tools.conversations import CompletionsJoin
+    from streams.tools.export import ExportRules, FileSplit, export
 
     if Path(settings.output).exists():
         raise CliError(f"--output {settings.output} exists; remove it or choose another")

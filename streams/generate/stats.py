@@ -1,4 +1,4 @@
-"""A generate worker's counters, each field declaring its figure once (streams/ops/figures.py):
+"""A generate worker's counters, each field declaring its figure once (streams/observe/figures.py):
 its heartbeat key and its Prometheus name."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from streams.generate.client import AUTH
-from streams.ops.figures import Figure, Figures, figure, figured, note, read_figures
+from streams.observe.figures import Figure, Figures, figure, figured, note, read_figures
 
 
 def _is_auth(paused_for: str) -> float:

@@ -20,13 +20,13 @@ from sinks.shards import SampleRow, ShardMarker, ShardStore
 from sinks.sink import STORAGE_BACKOFF, Admitted, Prepared, ShardSink, SinkStats
 from streams.core.crash_guard import CRASH_LOOP, CrashGuard
 from streams.core.delivery import Send, letter_output, send_dead_letter
+from streams.core.events import Event
 from streams.core.faults import AFTER_DEAD_LETTERS, AFTER_MARKER, crash_point
-from streams.core.faust_app import Event
 from streams.core.records import CompletionRecord, DeadLetter, RecordError, origin_of
 from streams.core.retry import Backoff
 from streams.core.settings import TokenizeSettings
 from streams.core.turns import among
-from streams.ops.figures import Figure, figure, figured
+from streams.observe.figures import Figure, figure, figured
 from streams.tokenize.samples import Sample, SampleBuilder, SampleError
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ BUILD_TOKENS = 256 * 1024
 
 @dataclass
 class TokenizeStats:
-    """Each field's figure (heartbeat key, Prometheus name) declared once (ops/figures.py)."""
+    """Each field's figure (heartbeat key, Prometheus name) declared once (observe/figures.py)."""
 
     samples: int = figure("draftgen_tokenize_samples", "samples in committed shards")
     tokens: int = figure("draftgen_tokenize_tokens", "tokens in committed shards")

@@ -184,7 +184,7 @@ class AuditSettings(Settings):
 
 
 class ExportSettings(Settings):
-    """`draftgen export`: a dataset version as the file a trainer takes (streams/ops/export.py)."""
+    """`draftgen export`: a dataset version as the file a trainer takes (tools/export.py)."""
 
     model_config = SettingsConfigDict(env_prefix="DRAFTGEN_EXPORT_")
 

@@ -239,8 +239,8 @@ def test_export_reads_and_writes_shard_by_shard(fmt: str, tmp_path: Path) -> Non
     """Memory stays one shard whatever the version's size: after the first shards the memory in
     use when a shard is read grows by less than two shards, over 19 more shards, and each
     shard's rows are on disk before the next shard is read (nothing collects the version)."""
-    from streams.ops.export import ExportRules, FileSplit
-    from streams.ops.export import export as run_export
+    from streams.tools.export import ExportRules, FileSplit
+    from streams.tools.export import export as run_export
 
     out = many_shards(tmp_path, shards=24, rows=50, long=600)
     output = tmp_path / "exported" / f"v1.{fmt}"

@@ -28,7 +28,7 @@ from sinks.reader import DatasetReader
 from sinks.shards import SampleRow, ShardStore, rows_to_table
 from streams.cli.main import main
 from streams.core.records import DeadLetter
-from streams.ops.report import (
+from streams.tools.report import (
     NOT_RECORDED,
     KafkaFacts,
     LengthCounts,
@@ -40,7 +40,7 @@ from streams.ops.report import (
     think_close_id,
     token_frequencies,
 )
-from streams.ops.report_render import figures
+from streams.tools.report_render import figures
 
 CLOSE = 9  # the </think> id of these hand-made samples
 REPO = Path(__file__).resolve().parents[3]

@@ -1,5 +1,5 @@
 """The report's token lengths (prompt, reasoning, answer, total), their distributions, and the
-tokenizer that splits reasoning from answer (streams/ops/report.py explains each length)."""
+tokenizer that splits reasoning from answer (streams/tools/report.py explains each length)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from streams.core.settings import KafkaSettings
-from streams.ops.heartbeat import Heartbeat, HeartbeatReader
+from streams.observe.heartbeat import Heartbeat, HeartbeatReader
 
 NATIVE_HINT = "--api native --tokenizer DIR gets exact ids from its /generate"
 

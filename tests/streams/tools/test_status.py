@@ -13,9 +13,9 @@ from streams.cli.main import build_parser
 from streams.core.errors import CliError
 from streams.core.settings import WORKER_STATS, KafkaSettings, ObserveSettings, StatusSettings
 from streams.core.topics import _PARTITIONS, topic_configs
-from streams.ops.heartbeat import Heartbeat, HeartbeatReader, RateWindow
-from streams.ops.status import StatusProbe
-from streams.ops.status_view import (
+from streams.observe.heartbeat import Heartbeat, HeartbeatReader, RateWindow
+from streams.tools.status import StatusProbe
+from streams.tools.status_view import (
     FORGET_AFTER_S,
     DatasetRow,
     StatusSnapshot,

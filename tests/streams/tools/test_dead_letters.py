@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 
 from streams.core.records import CompletionRecord, DeadLetter, PromptRecord
-from streams.ops.dead_letters import as_json, failed_prompts, listing
+from streams.tools.dead_letters import as_json, failed_prompts, listing
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

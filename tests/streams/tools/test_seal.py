@@ -10,7 +10,7 @@ import pytest
 
 from sinks.shards import ShardStore
 from streams.core.errors import CliError
-from streams.ops.seal import wait_for_version
+from streams.tools.seal import wait_for_version
 
 
 def test_seal_waits_for_the_versions_dataset_json(tmp_path: Path) -> None:

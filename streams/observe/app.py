@@ -18,8 +18,8 @@ import faust
 from streams.core.faust_app import kafka_sender, raw_topic
 from streams.core.outage import Outage
 from streams.core.settings import WORKER_STATS, KafkaSettings, ObserveSettings
-from streams.ops.heartbeat import BeatSchedule, RateWindow, new_heartbeat, refresh
-from streams.ops.metrics import WorkerMetrics, serve_metrics
+from streams.observe.heartbeat import BeatSchedule, RateWindow, new_heartbeat, refresh
+from streams.observe.metrics import WorkerMetrics, serve_metrics
 
 log = logging.getLogger(__name__)
 

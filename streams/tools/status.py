@@ -28,9 +28,9 @@ from streams.core.settings import (
     StorageSettings,
 )
 from streams.core.topics import group_names
-from streams.ops.heartbeat import HeartbeatReader
-from streams.ops.progress import DeadLetterReader, dataset_figures
-from streams.ops.status_view import (
+from streams.observe.heartbeat import HeartbeatReader
+from streams.tools.progress import DeadLetterReader, dataset_figures
+from streams.tools.status_view import (
     DatasetRow,
     GroupLag,
     StatusSnapshot,

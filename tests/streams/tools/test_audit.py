@@ -14,7 +14,7 @@ from streams.core.ledger import dead_key, ledger_key
 from streams.core.records import CompletionRecord, DeadLetter, PromptRecord
 from streams.core.settings import KafkaSettings
 from streams.core.turns import turn_prompt_id
-from streams.ops.audit import Audit, AuditResult, HashedIds, republish_command
+from streams.tools.audit import Audit, AuditResult, HashedIds, republish_command
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 SETTINGS = "0123456789abcdef"

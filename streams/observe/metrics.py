@@ -1,11 +1,11 @@
 """Prometheus metrics of a worker, read from its stats object at scrape time.
 
 The workers already count everything in plain ints (GenerateStats, TokenizeStats), each figure
-declared once on its stats field (streams/ops/figures.py); the collector turns those into
+declared once on its stats field (streams/observe/figures.py); the collector turns those into
 metric families only when scraped, so the hot path pays nothing extra. Request latency, which
 the stats do not hold, is observed by the generate stage's timed client: one histogram
 observation per request. The same figures feed the heartbeats `draftgen status` reads
-(streams/ops/heartbeat.py).
+(streams/observe/heartbeat.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from streams.core.errors import CliError
-from streams.ops.figures import Figure, Figures
+from streams.observe.figures import Figure, Figures
 
 # Generations take seconds to many minutes.
 LATENCY_BUCKETS = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, float("inf"))

@@ -47,7 +47,7 @@ from streams.core.settings import (
 )
 from streams.core.topic_reader import TopicReader
 from streams.core.turns import parse_turn_id
-from streams.ops.seal import group_offsets
+from streams.tools.seal import group_offsets
 
 # prompts without an outcome kept for the listing; more are counted (and republished)
 MAX_LISTED = 10_000

@@ -10,8 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sinks.sink import SinkStats
 from streams.generate.stats import GenerateStats, generate_figures
-from streams.ops.figures import declared, figure, read_figures
-from streams.ops.metrics import GenerateMetrics, TokenizeMetrics, serve_metrics
+from streams.observe.figures import declared, figure, read_figures
+from streams.observe.metrics import GenerateMetrics, TokenizeMetrics, serve_metrics
 from streams.tokenize.stage import TokenizeStats
 
 

@@ -3,7 +3,7 @@
 `figure(...)` declares a field's heartbeat key (the field's name unless told), Prometheus name,
 help text and kind; `read_figures(stats)` reads every declared figure of one stats object for a
 heartbeat or a scrape, and `declared(type)` lists them for the Prometheus collector
-(streams/ops/metrics.py). A dict field (errors by kind) is one counter, its sum, and the errors
+(streams/observe/metrics.py). A dict field (errors by kind) is one counter, its sum, and the errors
 of the reading; `note()` marks a text field that heartbeats show when it is set.
 """
 

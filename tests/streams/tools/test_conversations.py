@@ -16,8 +16,8 @@ from sinks.reader import DatasetReader
 from sinks.shards import SampleRow, ShardStore
 from streams.core.records import CompletionRecord
 from streams.core.settings import KafkaSettings
-from streams.ops.conversations import CompletionsJoin
-from streams.ops.export import ExportRules, FileSplit, export
+from streams.tools.conversations import CompletionsJoin
+from streams.tools.export import ExportRules, FileSplit, export
 
 
 class Topic:

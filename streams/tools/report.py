@@ -47,9 +47,9 @@ import pyarrow.compute as pc
 from sinks.reader import DatasetReader
 from streams.core.records import DeadLetter, RecordError, is_policy_drop
 from streams.core.settings import KafkaSettings
-from streams.ops.heartbeat import HeartbeatReader
-from streams.ops.progress import DeadLetterReader
-from streams.ops.report_lengths import (
+from streams.observe.heartbeat import HeartbeatReader
+from streams.tools.progress import DeadLetterReader
+from streams.tools.report_lengths import (
     LENGTHS,
     LengthCounts,
     distribution,

@@ -11,7 +11,7 @@
   shard, and opened memory-mapped by `load_from_disk`); `parquet`: one Parquet file. Both keep
   every shard column (token lists cut to `--max-seq-len`, counts recomputed) plus `truncated`.
 - `conversations`: the completion behind each exported row, as OpenAI messages
-  (streams/ops/conversations.py); JSON lines, or Parquet for an `--output` ending in
+  (streams/tools/conversations.py); JSON lines, or Parquet for an `--output` ending in
   `.parquet`. The rules choose the rows as for the token formats; the conversation is whole.
 
 Filters (`--source`, `--finish-reason`, `--min-len`/`--max-len` on the stored length) are
@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 
 from sinks.reader import DatasetReader, ShardRef, table_rows
 from sinks.shards import SHARD_SCHEMA
-from streams.ops.conversations import CONVERSATION_SCHEMA, conversations_parquet
+from streams.tools.conversations import CONVERSATION_SCHEMA, conversations_parquet
 
 Format = Literal["specforge", "hf", "parquet", "conversations"]
 EXPORT_SCHEMA = SHARD_SCHEMA.append(pa.field("truncated", pa.bool_()))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from sinks.reader import DatasetReader
 from sinks.shards import SampleRow, ShardStore
-from streams.ops.progress import dataset_figures
+from streams.tools.progress import dataset_figures
 
 PROMPT = "prompt: server '</think>' vs rendered '<|im_end|>'"
 TURN = "turn: server '\\n' vs rendered '\\n\\n'"

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from streams.ops.report import LENGTHS, NOT_RECORDED, token_frequencies
+from streams.tools.report import LENGTHS, NOT_RECORDED, token_frequencies
 
 Plot = Callable[[Any], None]
 

@@ -8,8 +8,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from streams.ops.formatting import count, duration, percent, rate, table
-from streams.ops.heartbeat import Heartbeat
+from streams.observe.heartbeat import Heartbeat
+from streams.tools.formatting import count, duration, percent, rate, table
 
 # A worker whose last heartbeat is older than this is not shown at all (it is long gone).
 FORGET_AFTER_S = 600.0

@@ -1,8 +1,8 @@
-"""When a worker's heartbeat is due (streams/ops/heartbeat.py `BeatSchedule`)."""
+"""When a worker's heartbeat is due (streams/observe/heartbeat.py `BeatSchedule`)."""
 
 from __future__ import annotations
 
-from streams.ops.heartbeat import BeatSchedule
+from streams.observe.heartbeat import BeatSchedule
 
 
 def test_a_beat_every_interval_whatever_the_timer_jitter() -> None:

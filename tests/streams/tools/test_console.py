@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from streams.generate.stats import GenerateStats, generate_figures
-from streams.ops.console import ConsoleWatch
-from streams.ops.heartbeat import Heartbeat
-from streams.ops.status_view import server_rows
+from streams.observe.heartbeat import Heartbeat
+from streams.tools.console import ConsoleWatch
+from streams.tools.status_view import server_rows
 
 SERVER = "http://gpu-01:30000"
 NOW = 1_000_000.0

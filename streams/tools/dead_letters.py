@@ -21,7 +21,7 @@ from streams.core.normalize import make_prompt_record
 from streams.core.records import CompletionRecord, DeadLetter, PromptRecord, RecordError
 from streams.core.settings import COMPLETIONS, PROMPTS, KafkaSettings
 from streams.core.topics import within_topic_limits
-from streams.ops.progress import DeadLetterReader
+from streams.tools.progress import DeadLetterReader
 
 # stage -> the topic whose consumer produced the letter
 _INPUT_TOPIC = {"generate": PROMPTS, "tokenize": COMPLETIONS, "publish": PROMPTS}
