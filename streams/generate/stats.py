@@ -5,8 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from streams.generate.client import AUTH
 from streams.observe.figures import Figure, Figures, figure, figured, note, read_figures
+
+# why a server cannot take requests now (`SGLangClient.unavailable`, `paused_for`): here, not in
+# the client, so what reads the figures (status, the console) does not import the client
+DOWN = "down"
+AUTH = "auth"  # it refuses our API key (401) or what the key may do (403)
 
 
 def _is_auth(paused_for: str) -> float:
@@ -36,7 +40,9 @@ class GenerateStats:
     output_tokens: int = figure("draftgen_generate_output_tokens", "completion tokens generated")
     errors: dict[str, int] = field(
         default_factory=dict,
-        metadata=figured(Figure("", "draftgen_generate_errors", "failed requests, by kind")),
+        metadata=figured(
+            Figure("", "draftgen_generate_errors", "failed requests, by kind", by_kind=True)
+        ),
     )
     # prompts acked without a request, because the ledger had them (streams/generate/once.py)
     skipped: int = figure("draftgen_generate_skipped", "prompts skipped: already generated")

@@ -3,8 +3,11 @@
 `figure(...)` declares a field's heartbeat key (the field's name unless told), Prometheus name,
 help text and kind; `read_figures(stats)` reads every declared figure of one stats object for a
 heartbeat or a scrape, and `declared(type)` lists them for the Prometheus collector
-(streams/observe/metrics.py). A dict field (errors by kind) is one counter, its sum, and the errors
-of the reading; `note()` marks a text field that heartbeats show when it is set.
+(streams/observe/metrics.py). A dict field (errors by kind, `by_kind`) is one counter, its sum,
+and the errors of the reading; `note()` marks a text field that heartbeats show when it is set.
+
+What reads a heartbeat names a figure by its field, `figure_of(GenerateStats, lambda s:
+s.completed)`, never by its key: renaming the field is then a type error where it is read.
 """
 
 from __future__ import annotations
@@ -12,9 +15,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 Kind = Literal["counter", "gauge"]
+S = TypeVar("S")
 
 _FIGURES = "figures"
 _NOTE = "note"
@@ -28,6 +32,7 @@ class Figure:
     kind: Kind = "counter"
     attr: str = ""  # read this attribute of the field's value (a nested stats object)
     value: Callable[[Any], float] | None = None  # the figure from the field's value
+    by_kind: bool = False  # a dict of counts by kind: the counter is its sum
 
 
 @dataclass
@@ -79,6 +84,44 @@ def declared(stats_type: type) -> tuple[Figure, ...]:
     return tuple(fig for _, fig in _fields(stats_type))
 
 
+class _Path:
+    """Records the attributes read off it: the field (and attribute) a `pick` names."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def __getattr__(self, name: str) -> _Path:
+        self.names.append(name)
+        return self
+
+
+def _picked(pick: Callable[[S], object]) -> list[str]:
+    path = _Path()
+    pick(path)  # type: ignore[arg-type]  # stands in for the stats object: reads names only
+    return path.names
+
+
+def figure_of(stats_type: type[S], pick: Callable[[S], object]) -> Figure:
+    """The figure declared on the field `pick` reads: `lambda s: s.completed`, or an attribute
+    of a nested stats object, `lambda s: s.sink.replaced`. Raises LookupError when the field
+    declares no such figure (a test fails on import, as mypy fails on a renamed field)."""
+    names = _picked(pick)
+    attr = ".".join(names[1:])
+    for f, fig in _fields(stats_type):
+        if names[:1] == [f.name] and fig.attr == attr:
+            return fig
+    raise LookupError(f"{stats_type.__name__}.{'.'.join(names)} declares no figure")
+
+
+def note_of(stats_type: type[S], pick: Callable[[S], str]) -> str:
+    """The heartbeat key of the `note()` field `pick` reads (`lambda s: s.exact_ids`)."""
+    names = _picked(pick)
+    for f in dataclasses.fields(stats_type):  # type: ignore[arg-type]  # a dataclass type
+        if names == [f.name] and f.metadata.get(_NOTE):
+            return f.name
+    raise LookupError(f"{stats_type.__name__}.{'.'.join(names)} is not a note")
+
+
 def read_figures(stats: Any) -> Figures:
     reading = Figures()
     for f, fig in _fields(stats):
@@ -87,7 +130,7 @@ def read_figures(stats: Any) -> Figures:
             value = getattr(value, fig.attr)
         if fig.value is not None:
             value = fig.value(value)
-        if isinstance(value, dict):
+        if fig.by_kind:
             reading.errors = dict(value)
             reading.counters[fig.key] = sum(value.values())
         elif fig.kind == "gauge":

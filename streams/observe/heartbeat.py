@@ -19,6 +19,7 @@ import orjson
 
 from streams.core.settings import WORKER_STATS, KafkaSettings
 from streams.core.topic_reader import TopicReader
+from streams.observe.figures import Figure
 
 SCHEMA_VERSION = 1
 
@@ -58,6 +59,15 @@ class Heartbeat:
             raise ValueError("not a v1 heartbeat")
         known = cls.__dataclass_fields__
         return cls(**{k: v for k, v in data.items() if k in known})
+
+    def figure(self, declared: Figure) -> float:
+        """This worker's value of a declared figure (`figure_of`); 0 when it sent none."""
+        section = self.gauges if declared.kind == "gauge" else self.counters
+        return float(section.get(declared.key, 0))
+
+    def rate(self, declared: Figure) -> float:
+        """Per second over the rate window, of a counter."""
+        return float(self.rates.get(declared.key, 0.0))
 
     def age(self, now: float) -> float:
         return max(0.0, now - self.time)

@@ -21,6 +21,11 @@ from prometheus_client.registry import Collector
 from streams.core.errors import CliError
 from streams.observe.figures import Figure, Figures
 
+# the label of a figure counted by kind (`Figure.by_kind`: errors)
+KIND_LABEL = "kind"
+# the one metric not read from the stats: observed per request by the timed client
+LATENCY_METRIC = "draftgen_generate_request_duration_seconds"
+LATENCY_DOC = "time to a successful completion, per request"
 # Generations take seconds to many minutes.
 LATENCY_BUCKETS = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, float("inf"))
 
@@ -50,9 +55,9 @@ class WorkerMetrics(Collector):
     def collect(self) -> Iterator[Metric]:
         current = self.figures()
         for figure in self._figures:
-            if figure.key == "errors":
+            if figure.by_kind:
                 errors = CounterMetricFamily(
-                    figure.metric, figure.doc, labels=[self.label_name, "kind"]
+                    figure.metric, figure.doc, labels=[self.label_name, KIND_LABEL]
                 )
                 for kind, count in sorted(current.errors.items()):
                     errors.add_metric([self.label, kind], count)
@@ -68,12 +73,14 @@ class WorkerMetrics(Collector):
 
 
 class GenerateMetrics(WorkerMetrics):
+    LABEL = "server"
+
     def __init__(self, server: str, figures: tuple[Figure, ...]):
-        super().__init__("generate", "server", server.rstrip("/"), figures)
+        super().__init__("generate", self.LABEL, server.rstrip("/"), figures)
         self._latency = Histogram(
-            "draftgen_generate_request_duration_seconds",
-            "time to a successful completion, per request",
-            ["server"],
+            LATENCY_METRIC,
+            LATENCY_DOC,
+            [self.LABEL],
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         ).labels(self.label)
@@ -83,8 +90,10 @@ class GenerateMetrics(WorkerMetrics):
 
 
 class TokenizeMetrics(WorkerMetrics):
+    LABEL = "dataset"
+
     def __init__(self, dataset: str, figures: tuple[Figure, ...]):
-        super().__init__("tokenize", "dataset", dataset, figures)
+        super().__init__("tokenize", self.LABEL, dataset, figures)
 
 
 def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> str:

@@ -25,7 +25,8 @@ from streams.observe.app import install
 from streams.observe.figures import declared, read_figures
 from streams.observe.metrics import TokenizeMetrics
 from streams.tokenize.policies import PolicySampleBuilder
-from streams.tokenize.stage import TokenizeStats, TokenizeWorker
+from streams.tokenize.stage import TokenizeWorker
+from streams.tokenize.stats import TokenizeStats
 
 log = logging.getLogger(__name__)
 

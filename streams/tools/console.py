@@ -12,7 +12,9 @@ import time
 from collections.abc import Callable
 
 from streams.core.settings import KafkaSettings
+from streams.generate.stats import AUTH, DOWN
 from streams.observe.heartbeat import Heartbeat, HeartbeatReader
+from streams.tools import worker_figures as fig
 
 NATIVE_HINT = "--api native --tokenizer DIR gets exact ids from its /generate"
 
@@ -49,10 +51,10 @@ class ConsoleWatch:
             by_server.setdefault(beat.label, []).append(beat)
         for server, beats in sorted(by_server.items()):
             state = (
-                "auth"
-                if any(b.gauges.get("paused_auth") for b in beats)
-                else "down"
-                if any(b.gauges.get("paused") for b in beats)
+                AUTH
+                if any(b.figure(fig.PAUSED_AUTH) for b in beats)
+                else DOWN
+                if any(b.figure(fig.PAUSED) for b in beats)
                 else ""
             )
             said = self._paused.get(server, "")
@@ -62,7 +64,7 @@ class ConsoleWatch:
                     self._paused[server] = state
                 else:
                     self._paused.pop(server, None)
-            note = next((n for b in beats if (n := b.notes.get("exact_ids"))), "")
+            note = next((n for b in beats if (n := b.notes.get(fig.EXACT_IDS))), "")
             if note and self._ids.get(server) != note:
                 self._ids[server] = note
                 out.append(_ids_line(server, note))
@@ -95,12 +97,12 @@ class ConsoleWatch:
 
 
 def _pause_line(server: str, state: str, said: str, now: float) -> str:
-    if state == "auth":
+    if state == AUTH:
         return (
             f"server {server} refuses the API key (HTTP 401/403): its worker waits; set "
             "DRAFTGEN_API_KEY (or OPENAI_API_KEY) to the server's --api-key"
         )
-    if state == "down":
+    if state == DOWN:
         return (
             f"server {server} is not answering ({_clock(now)}): its worker waits for it and "
             "spends no prompt; check the URL and that the server is up"

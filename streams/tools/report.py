@@ -58,6 +58,7 @@ from streams.tools.report_lengths import (
     sample_lengths,
     think_close_id,
 )
+from streams.tools.worker_figures import DUPLICATES
 
 NOT_RECORDED = "not recorded"
 # the drift causes the report lists, most frequent first
@@ -121,7 +122,7 @@ async def read_kafka_facts(kafka: KafkaSettings, dataset: str) -> KafkaFacts:
     mine = [b for b in latest.values() if b.role == "tokenize" and b.label == dataset]
     facts.dead_letters = Counter(tally.by_reason)
     facts.tokenize_workers = len(mine)
-    facts.duplicates = sum(int(b.counters.get("duplicates", 0)) for b in mine)
+    facts.duplicates = sum(int(b.figure(DUPLICATES)) for b in mine)
     return facts
 
 

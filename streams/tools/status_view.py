@@ -8,7 +8,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from streams.generate.stats import AUTH, DOWN
+from streams.observe.figures import Figure
 from streams.observe.heartbeat import Heartbeat
+from streams.tools import worker_figures as fig
 from streams.tools.formatting import count, duration, percent, rate, table
 
 # A worker whose last heartbeat is older than this is not shown at all (it is long gone).
@@ -146,8 +149,12 @@ def _split_by_label(
     return by_label
 
 
-def _sum(beats: Sequence[Heartbeat], section: str, key: str) -> float:
-    return sum(float(getattr(b, section).get(key, 0)) for b in beats)
+def _sum(beats: Sequence[Heartbeat], declared: Figure) -> float:
+    return sum(b.figure(declared) for b in beats)
+
+
+def _rate(beats: Sequence[Heartbeat], declared: Figure) -> float:
+    return sum(b.rate(declared) for b in beats)
 
 
 def server_rows(beats: Iterable[Heartbeat], now: float) -> list[ServerRow]:
@@ -156,7 +163,7 @@ def server_rows(beats: Iterable[Heartbeat], now: float) -> list[ServerRow]:
         # Rates and gauges only from live workers; a stale worker's last counters still tell
         # what it did, so they are shown when it is all there is.
         shown = live or [max(stale, key=lambda b: b.time)]
-        requests_rate = _sum(live, "rates", "requests")
+        requests_rate = _rate(live, fig.REQUESTS)
         errors: dict[str, int] = {}
         for beat in shown:
             for kind, times in beat.errors.items():
@@ -166,33 +173,31 @@ def server_rows(beats: Iterable[Heartbeat], now: float) -> list[ServerRow]:
                 server=server,
                 workers=len(live),
                 stale=not live,
-                in_flight=int(_sum(live, "gauges", "in_flight")),
-                paused=any(b.gauges.get("paused") for b in live),
+                in_flight=int(_sum(live, fig.IN_FLIGHT)),
+                paused=any(b.figure(fig.PAUSED) for b in live),
                 paused_for=_paused_for(live),
                 requests_per_s=requests_rate,
-                completed_per_s=_sum(live, "rates", "completed"),
-                dead_letters_per_s=_sum(live, "rates", "dead_letters"),
-                output_tokens_per_s=_sum(live, "rates", "output_tokens"),
-                error_rate=(
-                    _sum(live, "rates", "errors") / requests_rate if requests_rate > 0 else None
-                ),
-                requests=int(_sum(shown, "counters", "requests")),
-                completed=int(_sum(shown, "counters", "completed")),
-                dead_letters=int(_sum(shown, "counters", "dead_letters")),
-                output_tokens=int(_sum(shown, "counters", "output_tokens")),
+                completed_per_s=_rate(live, fig.COMPLETED),
+                dead_letters_per_s=_rate(live, fig.DEAD_LETTERS),
+                output_tokens_per_s=_rate(live, fig.OUTPUT_TOKENS),
+                error_rate=(_rate(live, fig.FAILED) / requests_rate if requests_rate > 0 else None),
+                requests=int(_sum(shown, fig.REQUESTS)),
+                completed=int(_sum(shown, fig.COMPLETED)),
+                dead_letters=int(_sum(shown, fig.DEAD_LETTERS)),
+                output_tokens=int(_sum(shown, fig.OUTPUT_TOKENS)),
                 errors=errors,
                 last_seen_s=min(b.age(now) for b in shown),
                 metrics_urls=sorted(b.metrics_url for b in shown if b.metrics_url),
-                exact_ids=next((n for b in shown if (n := b.notes.get("exact_ids"))), None),
+                exact_ids=next((n for b in shown if (n := b.notes.get(fig.EXACT_IDS))), None),
             )
         )
     return rows
 
 
 def _paused_for(live: Sequence[Heartbeat]) -> str | None:
-    if any(b.gauges.get("paused_auth") for b in live):
-        return "auth"
-    return "down" if any(b.gauges.get("paused") for b in live) else None
+    if any(b.figure(fig.PAUSED_AUTH) for b in live):
+        return AUTH
+    return DOWN if any(b.figure(fig.PAUSED) for b in live) else None
 
 
 def tokenizer_rows(beats: Iterable[Heartbeat], now: float) -> list[TokenizerRow]:
@@ -204,12 +209,12 @@ def tokenizer_rows(beats: Iterable[Heartbeat], now: float) -> list[TokenizerRow]
                 dataset=dataset,
                 workers=len(live),
                 stale=not live,
-                samples_per_s=_sum(live, "rates", "samples"),
-                tokens_per_s=_sum(live, "rates", "tokens"),
-                samples=int(_sum(shown, "counters", "samples")),
-                tokens=int(_sum(shown, "counters", "tokens")),
-                duplicates=int(_sum(shown, "counters", "duplicates")),
-                dead_letters=int(_sum(shown, "counters", "dead_letters")),
+                samples_per_s=_rate(live, fig.SAMPLES),
+                tokens_per_s=_rate(live, fig.TOKENS),
+                samples=int(_sum(shown, fig.SAMPLES)),
+                tokens=int(_sum(shown, fig.TOKENS)),
+                duplicates=int(_sum(shown, fig.DUPLICATES)),
+                dead_letters=int(_sum(shown, fig.LETTERED)),
                 last_seen_s=min(b.age(now) for b in shown),
                 metrics_urls=sorted(b.metrics_url for b in shown if b.metrics_url),
             )

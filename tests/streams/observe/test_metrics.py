@@ -5,14 +5,15 @@ from __future__ import annotations
 import urllib.request
 from dataclasses import dataclass
 
+import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sinks.sink import SinkStats
 from streams.generate.stats import GenerateStats, generate_figures
-from streams.observe.figures import declared, figure, read_figures
+from streams.observe.figures import declared, figure, figure_of, note_of, read_figures
 from streams.observe.metrics import GenerateMetrics, TokenizeMetrics, serve_metrics
-from streams.tokenize.stage import TokenizeStats
+from streams.tokenize.stats import TokenizeStats
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -119,3 +120,17 @@ def test_a_figure_declared_once_on_its_stats_field_reaches_heartbeats_and_promet
     found = samples(generate_latest(metrics.registry).decode())
     assert found[("draftgen_toy_widgets_total", (("dataset", "toy"),))] == 4
     assert found[("draftgen_toy_busy", (("dataset", "toy"),))] == 1
+
+
+def test_a_reader_names_a_figure_by_its_field_and_gets_its_declared_key() -> None:
+    paused = figure_of(GenerateStats, lambda s: s.paused_for)
+    assert (paused.key, paused.kind) == ("paused_auth", "gauge")  # key= differs from the field
+    assert figure_of(GenerateStats, lambda s: s.completed).key == "completed"
+    duplicates = figure_of(TokenizeStats, lambda s: s.sink.replaced)  # a nested stats object
+    assert (duplicates.key, duplicates.metric) == ("duplicates", "draftgen_tokenize_duplicates")
+    assert figure_of(GenerateStats, lambda s: s.errors).by_kind
+    assert note_of(GenerateStats, lambda s: s.exact_ids) == "exact_ids"
+    with pytest.raises(LookupError, match="budget_flushes"):
+        figure_of(TokenizeStats, lambda s: s.sink.budget_flushes)  # counted, not a figure
+    with pytest.raises(LookupError, match="exact_ids"):
+        figure_of(GenerateStats, lambda s: s.exact_ids)  # a note, not a figure

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,10 @@ from streams.cli.main import build_parser
 from streams.core.errors import CliError
 from streams.core.settings import WORKER_STATS, KafkaSettings, ObserveSettings, StatusSettings
 from streams.core.topics import _PARTITIONS, topic_configs
-from streams.observe.heartbeat import Heartbeat, HeartbeatReader, RateWindow
+from streams.generate.stats import GenerateStats, generate_figures
+from streams.observe.figures import Figures, read_figures
+from streams.observe.heartbeat import Heartbeat, HeartbeatReader, RateWindow, new_heartbeat, refresh
+from streams.tokenize.stats import TokenizeStats
 from streams.tools.status import StatusProbe
 from streams.tools.status_view import (
     FORGET_AFTER_S,
@@ -238,6 +242,38 @@ def test_tokenizer_rows() -> None:
     )
     assert len(rows) == 1
     assert (rows[0].dataset, rows[0].samples, rows[0].tokens_per_s) == ("k26-v1", 10, 1250)
+
+
+def test_status_reads_the_figures_the_stats_declare() -> None:
+    """Heartbeats built from real stats readings (as workers send them): status finds each
+    figure through its declaration, whatever its heartbeat key is."""
+    generate = GenerateStats(in_flight=3, requests=9, completed=7, dead_letters=1, output_tokens=80)
+    generate.paused, generate.paused_for, generate.exact_ids = True, "auth", "exact via x (y)"
+    generate.errors.update({"http_503": 2})
+    tokenize = TokenizeStats(samples=5, tokens=900, dead_letters=2)
+    tokenize.sink.replaced = 4
+
+    def sent(stats: Figures, role: str, label: str) -> Heartbeat:
+        heartbeat = new_heartbeat(role, label, 5.0, None)
+        window = RateWindow(30.0)
+        window.add(time.monotonic() - 10, {})  # ten seconds ago: nothing yet
+        refresh(heartbeat, window, stats.counters, stats.gauges, stats.errors, stats.notes)
+        return heartbeat
+
+    now = time.time()
+    (server,) = server_rows([sent(generate_figures(generate), "generate", "http://s:1")], now)
+    assert (server.in_flight, server.requests, server.completed) == (3, 9, 7)
+    assert (server.dead_letters, server.output_tokens, server.errors) == (1, 80, {"http_503": 2})
+    assert (server.paused, server.paused_for, server.exact_ids) == (True, "auth", "exact via x (y)")
+    assert server.completed_per_s == pytest.approx(0.7, rel=0.05)
+    assert server.error_rate == pytest.approx(2 / 9, rel=0.05)
+    (dataset,) = tokenizer_rows([sent(read_figures(tokenize), "tokenize", "ds")], now)
+    assert (dataset.samples, dataset.tokens, dataset.duplicates, dataset.dead_letters) == (
+        5,
+        900,
+        4,
+        2,
+    )
 
 
 # -- rendering -----------------------------------------------------------------------------------
