@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from streams.observe.figures import Figure, Figures, figure, figured, note, read_figures
+from streams.observe.figures import (
+    Figure,
+    Figures,
+    figure,
+    figure_of,
+    figured,
+    note,
+    read_figures,
+)
 
 # why a server cannot take requests now (`SGLangClient.unavailable`, `paused_for`): here, not in
 # the client, so what reads the figures (status, the console) does not import the client
@@ -55,9 +63,12 @@ class GenerateStats:
     exact_ids: str = note()
 
 
+_PAUSED = figure_of(GenerateStats, lambda s: s.paused)
+
+
 def generate_figures(stats: GenerateStats, unreachable: bool = False) -> Figures:
     """`unreachable`: the server has not answered since the worker started (it waits)."""
     figures = read_figures(stats)
     if unreachable:
-        figures.gauges["paused"] = 1.0
+        figures.gauges[_PAUSED.key] = 1.0
     return figures
