@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
 
 from sinks.shards import SampleRow, ShardMarker, ShardStore
-from streams.core.faust_app import Event
+from streams.core.events import Event
 from streams.core.leases import Lease, Leases, Verdict
 from streams.core.retry import Backoff, backoff, until_done
 

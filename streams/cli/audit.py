@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     import orjson
 
     from streams.cli.run import draftgen_command
-    from streams.ops.audit import audit, republish_command
+    from streams.tools.audit import audit, republish_command
 
     kafka = build(KafkaSettings, args)
     chosen = build(AuditSettings, args)

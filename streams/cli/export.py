@@ -1,5 +1,5 @@
 """`draftgen export`: a dataset version in one of the registered export formats
-(streams/ops/export_formats.py: SpecForge JSONL, a `datasets` directory, Parquet, the
+(streams/tools/export_formats.py: SpecForge JSONL, a `datasets` directory, Parquet, the
 regenerated conversations from the completions topic, …), in one file or split."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 from streams.cli.flags import add_flags, build
 from streams.core.errors import CliError
 from streams.core.settings import ExportSettings, KafkaSettings
-from streams.ops.export_formats import EXPORT_FORMATS
+from streams.tools.export_formats import EXPORT_FORMATS
 
 # `--format` names a registered format; the settings sit below the registry and cannot
 REGISTRIES = {"format": EXPORT_FORMATS}
@@ -29,9 +29,9 @@ def run(args: argparse.Namespace) -> int:
     declared = EXPORT_FORMATS[settings.format]
     from sinks.reader import DatasetReader
     from sinks.shards import ShardStore
-    from streams.ops.conversations import CompletionsJoin
-    from streams.ops.export import ExportRules, FileSplit, export
-    from streams.ops.export_formats import open_writer
+    from streams.tools.conversations import CompletionsJoin
+    from streams.tools.export import ExportRules, FileSplit, export
+    from streams.tools.export_formats import open_writer
 
     if Path(settings.output).exists():
         raise CliError(f"--output {settings.output} exists; remove it or choose another")

@@ -16,7 +16,7 @@ from typing import NoReturn
 from streams.core.errors import CliError
 from streams.core.outage import quiet_repeats, short_error
 from streams.core.settings.names import LogLevel
-from streams.ops.export_formats import EXPORT_FORMATS
+from streams.tools.export_formats import EXPORT_FORMATS
 
 # name: (module under streams.cli, help). A command's module, and the settings classes its
 # flags come from (pydantic), are imported only when that command is chosen: `draftgen --help`

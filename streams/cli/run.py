@@ -36,9 +36,14 @@ from streams.core.settings import (
     secrets_removed,
 )
 from streams.core.turns import finished
-from streams.ops.audit import audit, republish_command
-from streams.ops.console import RunConsole
-from streams.ops.progress import DatasetFigures, DeadLetterReader, DeadLetterTally, dataset_figures
+from streams.tools.audit import audit, republish_command
+from streams.tools.console import RunConsole
+from streams.tools.progress import (
+    DatasetFigures,
+    DeadLetterReader,
+    DeadLetterTally,
+    dataset_figures,
+)
 
 if TYPE_CHECKING:  # compose is imported when `run` runs, not when the parser is built
     from compose.process import ManagedProcess

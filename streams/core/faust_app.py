@@ -9,7 +9,7 @@ import signal
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
@@ -18,19 +18,6 @@ from streams.core.crash_guard import CrashGuard
 from streams.core.leases import Leases
 from streams.core.outage import quiet_repeats
 from streams.core.settings import KafkaSettings
-
-
-class Event(Protocol):
-    """What the worker needs of a consumed message (a faust Event satisfies it)."""
-
-    @property
-    def key(self) -> Any: ...
-    @property
-    def value(self) -> Any: ...
-    @property
-    def message(self) -> Any: ...  # .tp, .offset
-
-    def ack(self) -> bool: ...
 
 
 def _credentials(kafka: KafkaSettings) -> faust.types.auth.CredentialsT | None:

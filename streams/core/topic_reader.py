@@ -1,8 +1,8 @@
 """A group-less reader of one whole topic: every partition, from its beginning.
 
 The pipeline reads three topics in full rather than consuming them as a group: the generated
-ledger (streams/core/ledger.py), worker heartbeats (streams/ops/heartbeat.py) and dead letters
-(streams/ops/progress.py). Each user handles the records itself; this class only finds the
+ledger (streams/core/ledger.py), worker heartbeats (streams/observe/heartbeat.py) and dead letters
+(streams/tools/progress.py). Each user handles the records itself; this class only finds the
 partitions, reads them and says how far it got. It joins no group and commits nothing.
 
 Only public aiokafka calls. A consumer's cached metadata (`partitions_for_topic`) learns of a

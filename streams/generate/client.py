@@ -37,12 +37,10 @@ from streams.generate.exact_ids import (
     way_of,
 )
 from streams.generate.native import NativeChat, NativeError
+from streams.generate.stats import AUTH, DOWN
 
 log = logging.getLogger(__name__)
 
-# why a server cannot take requests now (`SGLangClient.unavailable`)
-DOWN = "down"
-AUTH = "auth"  # it refuses our API key (401) or what the key may do (403)
 AUTH_STATUSES = (401, 403)
 
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
-from streams.core.faust_app import Event
+from streams.core.events import Event
 from streams.core.leases import Lease, Leases, Verdict
 from streams.generate.inflight import InFlightWindow
 from streams.generate.ports import PoisonCheck

@@ -21,11 +21,12 @@ from streams.core.outage import Outage
 from streams.core.retry import backoff
 from streams.core.settings import COMPLETIONS, DEAD_LETTERS, ObserveSettings, TokenizeSettings
 from streams.core.tokenizers import LoadedTokenizer
-from streams.ops.figures import declared, read_figures
-from streams.ops.metrics import TokenizeMetrics
-from streams.ops.observe import install
+from streams.observe.app import install
+from streams.observe.figures import declared, read_figures
+from streams.observe.metrics import TokenizeMetrics
 from streams.tokenize.policies import PolicySampleBuilder
-from streams.tokenize.stage import TokenizeStats, TokenizeWorker
+from streams.tokenize.stage import TokenizeWorker
+from streams.tokenize.stats import TokenizeStats
 
 log = logging.getLogger(__name__)
 

@@ -14,20 +14,19 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
 
 from sinks.shards import SampleRow, ShardMarker, ShardStore
-from sinks.sink import STORAGE_BACKOFF, Admitted, Prepared, ShardSink, SinkStats
+from sinks.sink import STORAGE_BACKOFF, Admitted, Prepared, ShardSink
 from streams.core.crash_guard import CRASH_LOOP, CrashGuard
 from streams.core.delivery import Send, letter_output, send_dead_letter
+from streams.core.events import Event
 from streams.core.faults import AFTER_DEAD_LETTERS, AFTER_MARKER, crash_point
-from streams.core.faust_app import Event
 from streams.core.records import CompletionRecord, DeadLetter, RecordError, origin_of
 from streams.core.retry import Backoff
 from streams.core.settings import TokenizeSettings
 from streams.core.turns import among
-from streams.ops.figures import Figure, figure, figured
 from streams.tokenize.samples import Sample, SampleBuilder, SampleError
+from streams.tokenize.stats import TokenizeStats
 
 log = logging.getLogger(__name__)
 
@@ -48,51 +47,6 @@ Item = CompletionRecord | DeadLetter | Other
 # once would hold ~150 MB per 4M tokens; this keeps it ~10 MB and still feeds the encoder's
 # threads batches of hundreds of texts
 BUILD_TOKENS = 256 * 1024
-
-
-@dataclass
-class TokenizeStats:
-    """Each field's figure (heartbeat key, Prometheus name) declared once (ops/figures.py)."""
-
-    samples: int = figure("draftgen_tokenize_samples", "samples in committed shards")
-    tokens: int = figure("draftgen_tokenize_tokens", "tokens in committed shards")
-    loss_tokens: int = figure("draftgen_tokenize_loss_tokens", "loss-masked tokens")
-    shards: int = figure("draftgen_tokenize_shards", "shards committed (with rows)")
-    dead_letters: int = figure("draftgen_tokenize_dead_letters", "completions dead-lettered")
-    drifted: int = figure("draftgen_tokenize_drifted", "samples whose renderings drifted")
-    compared: int = figure(
-        "draftgen_tokenize_drift_compared", "samples compared", key="drift_compared"
-    )
-    rejected: dict[str, int] = field(
-        default_factory=dict,
-        metadata=figured(Figure("errors", "draftgen_tokenize_errors", "samples rejected, by kind")),
-    )
-    # the sink's own counters (its stats object, once the worker made its sink)
-    sink: SinkStats = field(
-        default_factory=SinkStats,
-        metadata=figured(
-            Figure(
-                "duplicates",
-                "draftgen_tokenize_duplicates",
-                "completions replaced by a later one",
-                attr="replaced",
-            ),
-            Figure(
-                "open_bytes",
-                "draftgen_tokenize_open_bytes",
-                "bytes held by open windows",
-                "gauge",
-                attr="open_bytes",
-            ),
-            Figure(
-                "peak_open_bytes",
-                "draftgen_tokenize_peak_open_bytes",
-                "most held at once",
-                "gauge",
-                attr="peak_open_bytes",
-            ),
-        ),
-    )
 
 
 class TokenizeWorker:

@@ -22,7 +22,7 @@ from streams.cli.main import main
 from streams.core.records import CompletionRecord
 from streams.core.settings import COMPLETIONS, KafkaSettings
 from streams.core.topics import ensure_topics
-from streams.ops.progress import dataset_figures
+from streams.tools.progress import dataset_figures
 from tests.integration.conftest import TOOLS
 from tests.polling import wait_for
 

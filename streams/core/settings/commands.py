@@ -190,13 +190,13 @@ class AuditSettings(Settings):
 
 
 class ExportSettings(Settings):
-    """`draftgen export`: a dataset version as the file a trainer takes (streams/ops/export.py)."""
+    """`draftgen export`: a dataset version as the file a trainer takes (tools/export.py)."""
 
     model_config = SettingsConfigDict(env_prefix="DRAFTGEN_EXPORT_")
 
     storage: StorageSettings
     dataset: DatasetName = dataset_setting()
-    # a name in streams/ops/export_formats.py EXPORT_FORMATS, which offers the choices and
+    # a name in streams/tools/export_formats.py EXPORT_FORMATS, which offers the choices and
     # their help; the command line checks it (these settings sit below the registry)
     format: str = setting(cli=True, help="what to write")
     output: str = setting(

@@ -103,6 +103,12 @@ class GenerateSettings(Settings):
         help="static group membership id: a restart does not rebalance",
     )
 
+    @property
+    def starting_concurrency(self) -> int:
+        """Requests in flight before the server is asked: the number given, or the default with
+        --concurrency auto (the consumer's prefetch is set from it before the server answers)."""
+        return self.concurrency if isinstance(self.concurrency, int) else DEFAULT_CONCURRENCY
+
     @model_validator(mode="after")
     def _native_needs_a_tokenizer(self) -> GenerateSettings:
         if self.api == "native" and not self.tokenizer_dir:

@@ -20,8 +20,8 @@ import pytest
 from sinks.reader import DatasetReader
 from sinks.shards import SampleRow, ShardStore
 from streams.cli.main import build_parser, main
-from streams.ops.export import Part, Writer
-from streams.ops.export_formats import EXPORT_FORMATS, ExportFormat
+from streams.tools.export import Part, Writer
+from streams.tools.export_formats import EXPORT_FORMATS, ExportFormat
 
 DATA_MD = Path(__file__).resolve().parents[3] / "docs" / "data.md"
 
@@ -308,9 +308,9 @@ def test_export_reads_and_writes_shard_by_shard(fmt: str, tmp_path: Path) -> Non
     """Memory stays one shard whatever the version's size: after the first shards the memory in
     use when a shard is read grows by less than two shards, over 19 more shards, and each
     shard's rows are on disk before the next shard is read (nothing collects the version)."""
-    from streams.ops.export import ExportRules, FileSplit
-    from streams.ops.export import export as run_export
-    from streams.ops.export_formats import open_writer
+    from streams.tools.export import ExportRules, FileSplit
+    from streams.tools.export import export as run_export
+    from streams.tools.export_formats import open_writer
 
     out = many_shards(tmp_path, shards=24, rows=50, long=600)
     output = tmp_path / "exported" / f"v1.{fmt}"

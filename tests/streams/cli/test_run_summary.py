@@ -27,7 +27,7 @@ from streams.core.settings import (
     TokenizeSettings,
 )
 from streams.core.settings.base import SafeName
-from streams.ops.progress import DatasetFigures, DeadLetterTally
+from streams.tools.progress import DatasetFigures, DeadLetterTally
 from tests.sinks.sink_harness import rows
 
 
