@@ -114,6 +114,12 @@ class Leases:
                 ended.append(lease)
         return ended
 
+    def not_in(self, assigned: Iterable[Hashable]) -> list[Hashable]:
+        """Partitions with a lease outside this assignment: a lease begun between a revocation
+        and the assignment that did not give the partition back (to be revoked: `revoke`)."""
+        kept = set(assigned)
+        return [tp for tp in self._current if tp not in kept]
+
     async def admit(self, lease: Lease, offset: int) -> Verdict:
         if not self.holds(lease):
             return Verdict.STALE

@@ -114,6 +114,11 @@ def build_generate_app(
     async def on_revoked(sender: Any, *args: Any, **_: Any) -> None:
         worker.forget_partitions(args[0])  # faust sends the revoked set positionally
 
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
+    async def on_assigned(sender: Any, *args: Any, **_: Any) -> None:
+        # a lease begun since the revocation, on a partition this assignment did not give us
+        worker.forget_partitions(worker.intake.leases.not_in(args[0]))
+
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def on_shutdown(sender: Any, *_: Any, **__: Any) -> None:
         await worker.stop()

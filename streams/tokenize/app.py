@@ -141,6 +141,11 @@ def build_tokenize_app(
     async def on_revoked(sender: Any, *args: Any, **_: Any) -> None:
         worker.sink.on_revoked(args[0])  # faust sends the revoked set positionally
 
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
+    async def on_assigned(sender: Any, *args: Any, **_: Any) -> None:
+        # a lease begun since the revocation, on a partition this assignment did not give us
+        worker.sink.on_revoked(worker.sink.leases.not_in(args[0]))
+
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def on_shutdown(sender: Any, *_: Any, **__: Any) -> None:
         await starts.close()

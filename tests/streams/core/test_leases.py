@@ -213,3 +213,14 @@ def test_the_consumer_thread_commits_what_the_guard_allows(monkeypatch: pytest.M
 
     assert asyncio.run(scenario()) == (False, True)
     assert sent == [{P0: 4}, {P0: 1}]
+
+
+def test_a_lease_outside_the_next_assignment_is_named_for_revocation() -> None:
+    leases = Leases()
+    p1 = TP("prompts", 1)
+    leases.lease(P0)
+    leases.lease(p1)  # begun between the revocation and the assignment
+    assert leases.not_in({P0}) == [p1]
+    leases.revoke(leases.not_in({P0}))
+    assert leases.not_in({P0}) == []
+    assert leases.committable(p1, 3) is None
