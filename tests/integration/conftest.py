@@ -1,4 +1,12 @@
-"""Prompt sets and tokenizer directories for the integration tests."""
+"""What an integration test builds on. The Kafka broker and SeaweedFS are the session's
+(tests/conftest.py: one pair per xdist worker, started when its first test needs them, shared
+by every integration file that worker runs). A test takes `pipeline`: its own topic prefix, so
+its own topics and consumer groups, and its own S3 prefix on that pair; it starts what it needs
+through `pipeline.emulator/generate/tokenize/replay` (stopped by PID when it ends) and reads the
+outcome with `pipeline.wait/assert_exactly_once`. A test that stops the shared broker or S3
+restarts it before it ends (test_faults.py); one that needs several brokers starts its own
+(test_cluster.py, module-scoped). Also here: prompt sets (`write_prompts`) and the tiny
+tokenizer, built once per session."""
 
 from __future__ import annotations
 

