@@ -4,10 +4,13 @@ several runs).
 
 The scenario: one generate worker holds every partition of `prompts` with requests in flight;
 three more join 1, 3 and 5 s after the publish; then one leaves by SIGTERM and is replaced, one
-is killed -9 and restarted, and another is replaced. Each of those three comes once a share of
-the prompts is committed by the group (`StormPlan.changes_at`) and its worker has requests in
-flight (a worker takes seconds to start on a busy machine; one stopped before it joined moves
-nothing), so that prompts are in flight whatever the machine's speed. Each worker slot has its
+is killed -9 and restarted, and another is replaced. Each of those three comes once its worker
+has requests in flight (a worker takes seconds to start on a busy machine; one stopped before it
+joined moves nothing): the first replacement once a share of the prompts is committed by the
+group (`StormPlan.replace_b_at`), the kill -9 just after the rebalance of that replacement's
+join, while prompts the killed worker had in flight before it still run, the last replacement
+right after (the killed worker's partitions wait for its session to time out meanwhile). So
+prompts are in flight at every change whatever the machine's speed. Each worker slot has its
 own emulated SGLang server, slow enough that many requests are in flight, answering some of
 them 500 or 503 or cutting the connection, and logging every request (`--request-log`,
 compose/emulator/request_log.py).
@@ -50,13 +53,12 @@ from streams.core.settings import (
     KafkaSettings,
 )
 from streams.core.topic_reader import TopicReader
-from tests.integration.probes import emulator_stats, group_lag, stable_members
+from tests.integration.probes import emulator_stats, group_lag, log_lines, stable_members
 from tests.polling import wait_for
 
 SLOTS = ("a", "b", "c", "d")
-# after the joins: b leaves by SIGTERM and is replaced, c is killed -9 and restarted, d is
-# replaced (slot, kill -9)
-CHANGES = (("b", False), ("c", True), ("d", False))
+# faust's line, in a worker's log, once the group gave it its partitions
+ASSIGNED = r"Executing _on_partitions_assigned"
 # what the servers do wrong, per request: a full queue's 503, a 500 after some decoding, an
 # answer cut off in the middle (connection reset), and a prompt too long for the context (a
 # dead letter: the other outcome)
@@ -74,17 +76,22 @@ FAULTS = (
 
 @dataclass(frozen=True)
 class StormPlan:
-    prompts: int = 300
+    prompts: int = 400
     partitions: int = 16
     concurrency: int = 16
-    # decode speed of each server: 16..256 output tokens at 60 tokens/s is 2.3 s a request
+    # each server's decode speed and output lengths (log-normal around the mean, up to the
+    # max): 2.3 s a request on average, a long tail of requests that outlive a rebalance
     tokens_per_s: float = 60.0
+    mean_output_tokens: int = 140
+    max_output_tokens: int = 600
     # seconds after the publish at which workers b, c and d join
     joins_s: tuple[float, ...] = (1.0, 3.0, 5.0)
-    # the SIGTERM and replacement of b, the kill -9 and restart of c, the replacement of d:
-    # each once this share of the prompts is committed by the group and its worker has
-    # requests in flight
-    changes_at: tuple[float, float, float] = (0.2, 0.4, 0.6)
+    # b leaves by SIGTERM and is replaced once this share of the prompts is committed by the
+    # group and b has requests in flight; d right after c's restart, once it has requests in
+    # flight
+    replace_b_at: float = 0.15
+    # c is killed -9 (and restarted) this long after b's replacement started requesting
+    kill_after_rebalance_s: float = 2.0
     # from the publish until nothing is left
     timeout_s: float = 150.0
     # lag 0 for this long with prompts missing: they are lost, stop waiting
@@ -208,7 +215,7 @@ class StormResult:
         )
 
     def timeline(self) -> str:
-        return "\n".join(f"  +{at:5.1f}s {what} (lag {lag})" for at, what, lag in self.events)
+        return timeline(self.events)
 
     def requesters(self, prompt: str) -> str:
         """Who asked a server for `prompt`, when, and how each request ended."""
@@ -242,6 +249,10 @@ class StormResult:
             if inc.slot == slot and inc.started <= moment and (inc.ended or moment) >= moment:
                 return inc.name
         return f"gen-{slot}"
+
+
+def timeline(events: list[tuple[float, str, int]]) -> str:
+    return "\n".join(f"  +{at:5.1f}s {what} (lag {lag})" for at, what, lag in events)
 
 
 class JoinStorm:
@@ -280,6 +291,8 @@ class JoinStorm:
     def run(self) -> StormResult:
         try:
             return self._run()
+        except AssertionError as err:  # a wait of the scenario timed out: say where it was
+            raise AssertionError(f"{err}\ntimeline:\n{timeline(self.events)}") from None
         finally:
             self._stop()
 
@@ -291,6 +304,10 @@ class JoinStorm:
                 self.tokenizer_dir,
                 "--tokens-per-s",
                 str(plan.tokens_per_s),
+                "--mean-output-tokens",
+                str(plan.mean_output_tokens),
+                "--max-output-tokens",
+                str(plan.max_output_tokens),
                 "--seed",
                 str(SLOTS.index(slot)),
                 "--request-log",
@@ -322,9 +339,17 @@ class JoinStorm:
             self._at(at)
             self._start(slot)
             self._event(f"gen-{slot} started (joins)")
-        for (slot, kill), share in zip(CHANGES, plan.changes_at, strict=True):
-            self._when_busy(slot, share)
-            self._replace(slot, kill)
+        self._when_busy("b", plan.replace_b_at)
+        self._replace("b", kill=False)
+        # c dies just after the rebalance of b's replacement joining: prompts it had in flight
+        # before it still run, those redelivered to it are being acked
+        self._when_assigned("b")
+        self._event("gen-b's replacement has its partitions (its join's rebalance is done)")
+        self._when_busy("c", None)
+        self._at(time.monotonic() - self.t0 + plan.kill_after_rebalance_s)
+        self._replace("c", kill=True)
+        self._when_busy("d", None)
+        self._replace("d", kill=False)
         lag = self._wait_nothing_left()
         wall = time.monotonic() - self.t0
         peaks = {
@@ -349,21 +374,32 @@ class JoinStorm:
         self.events.append((at, what, lag))
         self.say(f"+{at:5.1f}s {what} (lag {lag})")
 
-    def _when_busy(self, slot: str, share: float) -> None:
-        """Until `share` of the prompts is committed and the slot's worker has requests in
-        flight (a worker still starting up holds no partitions: stopping it moves nothing)."""
-        left = int(self.plan.prompts * (1 - share))
-        wait_for(
-            lambda: self._lag() <= left,
-            self.plan.timeout_s,
-            f"{share:.0%} of the prompts committed by the generate group",
-        )
+    def _when_busy(self, slot: str, share: float | None) -> None:
+        """Until `share` of the prompts is committed (if given) and the slot's worker has
+        requests in flight (a worker still starting up holds no partitions: stopping it moves
+        nothing)."""
+        if share is not None:
+            left = int(self.plan.prompts * (1 - share))
+            wait_for(
+                lambda: self._lag() <= left,
+                self.plan.timeout_s,
+                f"{share:.0%} of the prompts committed by the generate group",
+            )
         url = self.servers[slot][0]
         busy = max(1, self.plan.concurrency // 4)
         wait_for(
             lambda: emulator_stats(url)["running"] >= busy,
             self.plan.timeout_s,
             f"gen-{slot} to have {busy} requests in flight",
+        )
+
+    def _when_assigned(self, slot: str) -> None:
+        """Until the slot's worker was given its partitions (the rebalance of its join done)."""
+        process = self.workers[slot].process
+        wait_for(
+            lambda: log_lines(process, ASSIGNED),
+            self.plan.timeout_s,
+            f"gen-{slot} to be assigned its partitions",
         )
 
     def _start(self, slot: str) -> Incarnation:
