@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Make Debian's chromium available for the report's headless-browser test
-# (tests/streams/ops/test_report.py). Prints the browser's path; exits 1 if there is none and it
+# (tests/streams/tools/test_report.py). Prints the browser's path; exits 1 if there is none and it
 # cannot be installed (not root, or no apt-get), in which case that test skips and says so.
 set -euo pipefail
 find_browser() { command -v chromium || command -v chromium-browser || command -v google-chrome || true; }

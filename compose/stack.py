@@ -99,18 +99,34 @@ class LocalStack:
         return self.s3
 
     def start_emulator(
-        self, tokenizer_dir: str | Path, *options: str, name: str = "emulator"
+        self,
+        tokenizer_dir: str | Path,
+        *options: str,
+        name: str = "emulator",
+        kind: str = "sglang",
     ) -> str:
-        return self.start_emulator_process(tokenizer_dir, *options, name=name)[0]
+        return self.start_emulator_process(tokenizer_dir, *options, name=name, kind=kind)[0]
 
     def start_emulator_process(
-        self, tokenizer_dir: str | Path, *options: str, name: str = "emulator"
+        self,
+        tokenizer_dir: str | Path,
+        *options: str,
+        name: str = "emulator",
+        kind: str = "sglang",
     ) -> tuple[str, ManagedProcess]:
+        """An emulated SGLang (or, `kind="vllm"`, vLLM) server on a free port, once it serves."""
         port = free_port()
         process = ManagedProcess(
             name,
             draftgen_argv(
-                "emulate-server", "--tokenizer", str(tokenizer_dir), "--port", str(port), *options
+                "emulate-server",
+                "--tokenizer",
+                str(tokenizer_dir),
+                "--port",
+                str(port),
+                "--kind",
+                kind,
+                *options,
             ),
             self._log(name),
         )
@@ -118,7 +134,9 @@ class LocalStack:
         self._servers.add(id(process))
         process.start()
         url = f"http://127.0.0.1:{port}"
-        process.wait_ready(lambda: _http_ok(f"{url}/health_generate"), timeout=120)
+        # vLLM has no /health_generate; its /health answers 200 once the engine serves
+        ready = "/health" if kind == "vllm" else "/health_generate"
+        process.wait_ready(lambda: _http_ok(f"{url}{ready}"), timeout=120)
         return url, process
 
     def restart(self, process: ManagedProcess) -> ManagedProcess:

@@ -37,6 +37,8 @@ class PublishSummary:
     already_generated: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
     prompt_ids: list[str] = field(default_factory=list)
+    # the ids of those already generated (their completions are stored)
+    generated_ids: list[str] = field(default_factory=list)
 
     def line(self) -> str:
         rejected = sum(self.rejected.values())
@@ -150,7 +152,9 @@ async def _publish_row(
         summary.duplicates += 1
         return
     if record.prompt_id in done:
+        seen.add(record.prompt_id)
         summary.already_generated += 1
+        summary.generated_ids.append(record.prompt_id)
         return
     value = record.encode()
     if problem := kafka.too_large(record.prompt_id.encode(), value):

@@ -1,8 +1,9 @@
 """Prompt sources: parse `path[:weight]` specs, read rows from files or datasets, mix sources.
 
 A source is one of
-- a JSONL file (``.jsonl``/``.ndjson``, optionally ``.gz``/``.bz2``/``.xz``), a JSON array file
-  (``.json``; loaded whole), or a Parquet file, on any fsspec URL (local path, ``s3://``, …);
+- a file of a registered source format (``SOURCE_FORMATS``, below: JSON lines, a JSON array
+  loaded whole, Parquet), optionally compressed (``.gz``/``.bz2``/``.xz``…), on any fsspec URL
+  (local path, ``s3://``, …);
 - a directory or glob of such files (read in sorted path order);
 - a directory written by ``datasets``' ``save_to_disk``, or a directory of other data files that
   ``datasets.load_dataset`` understands (CSV, Arrow, …);
@@ -13,6 +14,9 @@ Rows are ``(row_number, row)``: row numbers are 0-based (the line index in JSONL
 counted; the row index otherwise) and run on across the files of a directory. A row that is not
 a JSON object comes out as its raw bytes so the caller can dead-letter it; reading never stops
 on a bad row.
+
+A file format is a reader (``read(fs, path)`` yielding those rows) and its file name endings,
+registered once in ``SOURCE_FORMATS``: directories, globs and the error messages follow it.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import math
 import random
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,14 +36,12 @@ import pyarrow.parquet as pq
 from fsspec.utils import infer_compression
 
 from streams.core.records import RecordError
+from streams.core.registry import Registry
 
 Row = dict[str, Any] | bytes
 
 HF_PREFIX = "hf:"
-_JSONL_EXTS = (".jsonl", ".ndjson")
-_PARQUET_EXTS = (".parquet", ".pq")
 _COMPRESSION_EXTS = (".gz", ".bz2", ".xz", ".lzma", ".zst")
-_DATA_EXTS = (*_JSONL_EXTS, ".json", *_PARQUET_EXTS)
 _READ_CHUNK = 1 << 20
 _PARQUET_BATCH = 1024
 # A trailing `:weight`; digits only, so `:inf`, `:nan` or `:train` stay part of the path.
@@ -97,7 +99,7 @@ def iter_rows(
     if any(ch in path for ch in "*?["):
         files = sorted(p for p in fs.glob(path) if _is_data_file(p))
         if not files:
-            raise FileNotFoundError(f"no jsonl/json/parquet files match {spec.path}")
+            raise FileNotFoundError(f"no {'/'.join(SOURCE_FORMATS)} files match {spec.path}")
         return _iter_files(fs, files)
     if fs.isdir(path):
         if _is_saved_dataset(fs, path):
@@ -110,15 +112,32 @@ def iter_rows(
     if not fs.exists(path):
         raise FileNotFoundError(f"source not found: {spec.path}")
     if not _is_data_file(path):
-        raise ValueError(f"unsupported source format: {spec.path} (jsonl, json, parquet)")
+        raise ValueError(_unsupported(spec.path))
     return _iter_files(fs, [path])
+
+
+def _unsupported(path: str) -> str:
+    return f"unsupported source format: {path} ({', '.join(SOURCE_FORMATS)})"
+
+
+def _format_of(path: str) -> SourceFormat | None:
+    """The registered format with the longest file name ending this file has (before any
+    compression suffix)."""
+    name = _strip_compression(Path(path).name.lower())
+    matching = [
+        (len(ext), fmt)
+        for fmt in SOURCE_FORMATS.values()
+        for ext in fmt.extensions
+        if name.endswith(ext)
+    ]
+    return max(matching, key=lambda match: match[0])[1] if matching else None
 
 
 def _is_data_file(path: str) -> bool:
     name = Path(path).name.lower()
     if name.startswith((".", "_")):  # hidden files, Spark's _SUCCESS and friends
         return False
-    return _strip_compression(name).endswith(_DATA_EXTS)
+    return _format_of(name) is not None
 
 
 def _strip_compression(name: str) -> str:
@@ -139,15 +158,10 @@ def _iter_files(fs: Any, files: Iterable[str]) -> Iterator[tuple[int, Row]]:
 
 
 def _iter_file(fs: Any, path: str) -> Iterator[tuple[int, Row]]:
-    name = _strip_compression(Path(path).name).lower()
-    if name.endswith(_PARQUET_EXTS):
-        yield from _iter_parquet(fs, path)
-    elif name.endswith(_JSONL_EXTS):
-        yield from _iter_jsonl(fs, path)
-    elif name.endswith(".json"):
-        yield from _iter_json(fs, path)
-    else:
-        raise ValueError(f"unsupported source format: {path} (jsonl, json, parquet)")
+    fmt = _format_of(path)
+    if fmt is None:
+        raise ValueError(_unsupported(path))
+    yield from fmt.read(fs, path)
 
 
 def _open(fs: Any, path: str) -> Any:
@@ -212,6 +226,24 @@ def _iter_parquet(fs: Any, path: str) -> Iterator[tuple[int, Row]]:
             for row in batch.to_pylist():
                 yield number, row
                 number += 1
+
+
+@dataclass(frozen=True)
+class SourceFormat:
+    """A file format prompts are read from: its readers' rows, as `iter_rows` yields them."""
+
+    extensions: tuple[str, ...]  # lowercase file name endings, before a compression suffix
+    read: Callable[[Any, str], Iterator[tuple[int, Row]]]  # (fsspec filesystem, path)
+
+
+SOURCE_FORMATS: Registry[SourceFormat] = Registry(
+    "source format",
+    [
+        ("jsonl", SourceFormat((".jsonl", ".ndjson"), _iter_jsonl)),
+        ("json", SourceFormat((".json",), _iter_json)),
+        ("parquet", SourceFormat((".parquet", ".pq"), _iter_parquet)),
+    ],
+)
 
 
 def _split_hf_name(rest: str) -> tuple[str, str | None]:

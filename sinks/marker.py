@@ -43,7 +43,7 @@ class ShardMarker:
     # MAX_DRIFT_CAUSES most frequent of the window
     drift_causes: dict[str, int] = field(default_factory=dict)
     # per row (same order as prompt_ids): the SGLang preprocessing profile its prompt was
-    # rendered with (streams/core/serving.py; "" for completions written before profiles)
+    # rendered with (streams/core/serving/; "" for completions written before profiles)
     row_normalizations: list[str] = field(default_factory=list)
 
     @staticmethod

@@ -16,7 +16,8 @@ from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
 
 from sinks.shards import SampleRow, ShardMarker, ShardStore
-from streams.core.faust_app import Event
+from streams.core.events import Event
+from streams.core.leases import Lease, Leases, Verdict
 from streams.core.retry import Backoff, backoff, until_done
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,7 @@ class SinkStats:
 
 @dataclass
 class _Window(Generic[T]):
+    lease: Lease  # of the partition's assignment it was opened under
     partition: int
     start_offset: int
     generation: int
@@ -197,10 +199,15 @@ class ShardSink(Generic[T]):
       window overlapping one of a newer generation (or of the same generation, written later)
       does not count. The partition's new owner rewrites from the committed offset, so a
       zombie's late write, whatever its bounds, is always overlapped and ignored.
-    - Adoption. A partition is adopted on its first event after assignment, whose offset is
-      the committed position. Markers at or after it of an older or equal generation were never
-      committed and are about to be rewritten: they are removed (an optimisation; resolution
-      would ignore them anyway). Nothing before it is read: dedup is by resolution, not here.
+    - Leases (streams/core/leases.py). Each assignment of a partition is a lease, taken as its
+      first event is delivered: it admits offsets from the group's committed offset on, in
+      order (a hole is sought back to), acks go through it in offset order, and the commit
+      guard in faust's consumer thread commits no further than its acked run.
+    - Adoption. A partition is adopted on its first event after assignment, at its lease's
+      start: the committed position (checked against the group's, not assumed). Markers at or
+      after it of an older or equal generation were never committed and are about to be
+      rewritten: they are removed (an optimisation; resolution would ignore them anyway).
+      Nothing before it is read: dedup is by resolution, not here.
     - Latest answer wins. Within a window a later item of the same key replaces the earlier
       one; across windows the reader keeps the prompt's last outcome in offset order.
     - Crashes. Between shard and marker: a shard without a marker, which readers ignore.
@@ -208,9 +215,10 @@ class ShardSink(Generic[T]):
       owner under its own generation. Dead letters sent in `prepare` may then be sent twice;
       the recorded drop in the marker that counts is one.
     - Revoke. Open windows are dropped unacked; the new owner consumes them again. A window
-      being written when its partition is revoked is never acked. An event delivered before its
-      partition was revoked (the agent waited for the lock, or was adopting) is dropped unacked:
-      it must neither adopt the partition in the next generation nor join a window of it.
+      being written when its partition is revoked is never acked (its lease ended). An event
+      delivered before its partition was revoked (the agent waited for the lock, or was
+      adopting) is dropped unacked: it must neither adopt the partition in the next generation
+      nor join a window of it.
     - Memory. Open windows and those being written hold at most `max_open_bytes` of records
       (plus the one being added): intake waits for writes when they would exceed it.
     - Sealed means sealed. `draftgen seal` writes a fence (`_sealing.json`) once the group has
@@ -251,9 +259,9 @@ class ShardSink(Generic[T]):
         self._windows: dict[Hashable, _Window[T]] = {}
         # per adopted partition: the generation it was adopted in (absent: not adopted)
         self._adopted: dict[Hashable, int] = {}
-        # per partition: times revoked; an event delivered before its partition's revocation is
+        # one per partition assignment: an event delivered before its partition's revocation is
         # stale, and an adoption the partition was revoked during does not hold
-        self._revocations: dict[Hashable, int] = {}
+        self.leases = Leases()
         self._lock = asyncio.Lock()
         self._flushes = _Flushes()
 
@@ -261,18 +269,22 @@ class ShardSink(Generic[T]):
         """Add a consumed event to its partition's window; flush what is full."""
         tp = event.message.tp
         offset = int(event.message.offset)
-        revocations = self._revocations.get(tp, 0)  # as delivered, before any wait
+        lease = self.leases.lease(tp)  # as delivered, before any wait
         self._flushes.raise_failed()
         if self.sealed is not None:
             return  # the version was sealed: nothing more is written or acked
         async with self._lock:
-            if tp not in self._adopted and self._revocations.get(tp, 0) == revocations:
-                await self._adopt(tp, offset)
-            if self._revocations.get(tp, 0) != revocations:
+            if await self.leases.admit(lease, offset) is not Verdict.ADMIT:
+                return  # stale, again, or past a hole: unacked, consumed again in order
+            if tp not in self._adopted:
+                assert lease.start is not None  # set by its first admission
+                await self._adopt(tp, lease)
+            if not self.leases.holds(lease):
                 return  # revoked since delivered (waiting or adopting): unacked, consumed again
             window = self._windows.get(tp)
             if window is None:
-                window = _Window(tp.partition, offset, self._adopted[tp], opened_at=self.clock())
+                generation = self._adopted[tp]
+                window = _Window(lease, tp.partition, offset, generation, opened_at=self.clock())
                 self._windows[tp] = window
             admitted = self.stage.admit(tp, event)
             if window.add(event, offset, admitted):
@@ -304,20 +316,22 @@ class ShardSink(Generic[T]):
 
     def on_revoked(self, partitions: Iterable[Hashable]) -> None:
         """Drop the partitions' open windows unacked (the new owner redoes them)."""
+        partitions = list(partitions)
         for tp in partitions:
             window = self._windows.pop(tp, None)
             if window is not None:
                 self.stats.grow(-window.size)
             self._adopted.pop(tp, None)
-            self._revocations[tp] = self._revocations.get(tp, 0) + 1
+        self.leases.revoke(partitions)
 
     # -- the protocol --------------------------------------------------------------------------
 
-    async def _adopt(self, tp: Any, first_offset: int) -> None:
-        """First event of a partition since (re)assignment: `first_offset` is the committed
+    async def _adopt(self, tp: Any, lease: Lease) -> None:
+        """First event of a partition since (re)assignment: the lease's start is the committed
         position, `generation()` the group generation of this assignment."""
         generation = self.generation()
-        revocations = self._revocations.get(tp, 0)
+        first_offset = lease.start
+        assert first_offset is not None
         if (writing := self._flushes.last.get(tp)) is not None:
             # this worker's own write of the partition (before a revocation) lands first, so
             # that the markers read next include it
@@ -334,7 +348,7 @@ class ShardSink(Generic[T]):
                 marker.start_offset,
                 marker.generation,
             )
-        if self._revocations.get(tp, 0) != revocations:
+        if not self.leases.holds(lease):
             return  # revoked meanwhile: not ours in this generation
         self._adopted[tp] = generation
         self.stats.adopted += 1
@@ -384,7 +398,7 @@ class ShardSink(Generic[T]):
                 drops=prepared.drops,
             ),
         )
-        if self._adopted.get(tp) != window.generation:
+        if not self.leases.holds(window.lease):
             return  # revoked while writing (maybe re-adopted since): never acked, redone
         if await self._fenced(window):
             # sealed while writing: never acked, so past the sealed offsets; not left behind
@@ -398,6 +412,8 @@ class ShardSink(Generic[T]):
             return
         self.stage.committed(marker, window.items)
         for event in window.events:
+            # in offset order, from the lease's start: raises on anything else (a bug)
+            self.leases.acked(window.lease, int(event.message.offset))
             event.ack()
 
     async def _fenced(self, window: _Window[T]) -> bool:

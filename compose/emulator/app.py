@@ -35,28 +35,35 @@ def build_app(settings: EmulatorSettings, model: EmulatedModel | None = None) ->
         app.on_cleanup.append(log.cleanup)
     app.on_startup.append(_start_clock)
     app.router.add_post("/v1/chat/completions", handle_chat)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/stats", _stats)  # the emulator's own counters
+    if settings.kind == "vllm":
+        # vLLM's api_server: /health (503 while the engine cannot serve), /version
+        app.router.add_get("/health", _health_generate)
+        app.router.add_get("/version", _version)
+        return app
     app.router.add_post("/generate", handle_generate)
     app.router.add_post("/v1/tokenize", handle_tokenize)
     app.router.add_get("/health", _health)
     app.router.add_get("/health_generate", _health_generate)
-    app.router.add_get("/v1/models", _models)
     for path in ("/model_info", "/get_model_info"):
         app.router.add_get(path, _model_info)
     for path in ("/server_info", "/get_server_info"):
         app.router.add_get(path, _server_info)
-    app.router.add_get("/stats", _stats)
     return app
 
 
 @web.middleware
 async def _check_api_key(request: web.Request, handler: Any) -> web.StreamResponse:
     """SGLang's `add_api_key_middleware`: /health* and /metrics need no key; every other route
-    wants the exact bearer key, else {"error": "Unauthorized"}. Read per request, so a test can
-    change the key of a running server."""
+    wants the exact bearer key, else {"error": "Unauthorized"}. vLLM's wants it on /v1/* only.
+    Read per request, so a test can change the key of a running server."""
     settings = request.app[ENGINE_KEY].settings
     if settings.api_key is None or request.method == "OPTIONS":
         return await handler(request)
     if request.path.startswith(("/health", "/metrics")):
+        return await handler(request)
+    if settings.kind == "vllm" and not request.path.startswith("/v1"):
         return await handler(request)
     if request.headers.get("Authorization") != f"Bearer {settings.api_key}":
         return json_response({"error": "Unauthorized"}, status=settings.auth_status)
@@ -97,7 +104,7 @@ async def _models(request: web.Request) -> web.Response:
         "id": settings.model,
         "object": "model",
         "created": int(time.time()),
-        "owned_by": "sglang",
+        "owned_by": settings.kind,
         "root": settings.model,
         "parent": None,
         "max_model_len": settings.max_model_len,
@@ -120,6 +127,10 @@ async def _model_info(request: web.Request) -> web.Response:
             "architectures": None,
         }
     )
+
+
+async def _version(request: web.Request) -> web.Response:
+    return json_response({"version": _engine(request).settings.version})
 
 
 async def _server_info(request: web.Request) -> web.Response:

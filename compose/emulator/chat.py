@@ -1,4 +1,5 @@
-"""POST /v1/chat/completions, non-streaming, as SGLang's OpenAIServingChat answers it."""
+"""POST /v1/chat/completions, non-streaming, as SGLang's OpenAIServingChat answers it (or vLLM's,
+for `--kind vllm`)."""
 
 from __future__ import annotations
 
@@ -177,8 +178,52 @@ def build_response(
         },
         "metadata": {"weight_version": "default"},
     }
+    if engine.settings.kind == "vllm":
+        response = _as_vllm(response)
     attach_token_ids(engine.settings.ids_style, chat.ids_asked, response, prompt_ids, ids)
     return response
+
+
+def _as_vllm(response: dict[str, Any]) -> dict[str, Any]:
+    """The same answer in vLLM's shape (chat_completion/protocol.py ChatCompletionResponse,
+    ChatMessage): the reasoning as `reasoning`, `stop_reason` for `matched_stop`, no
+    `tool_calls` when there are none; `return_token_ids` adds the ids (token_ids.py)."""
+    choice = response["choices"][0]
+    sent = choice["message"]
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": sent["content"],
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+        "tool_calls": sent["tool_calls"] or [],
+        "reasoning": sent["reasoning_content"],
+    }
+    if not message["tool_calls"]:
+        del message["tool_calls"]
+    usage = response["usage"]
+    return {
+        "id": response["id"],
+        "object": "chat.completion",
+        "created": response["created"],
+        "model": response["model"],
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": choice["finish_reason"],
+                # the matched stop string or token; None for the end-of-sequence token
+                "stop_reason": None,
+            }
+        ],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": {k: usage[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")},
+        "prompt_logprobs": None,
+        "kv_transfer_params": None,
+    }
 
 
 def _reasoning_tokens(model: EmulatedModel, text_ids: list[int]) -> int:
@@ -197,7 +242,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
             body = await request.json(loads=orjson.loads)
         except ValueError as exc:
             raise errors.bad_request(f"Invalid JSON body: {exc}") from exc
-        chat = parse_chat_request(body, engine.normalization, engine.model.content_format)
+        chat = parse_chat_request(body, engine.normalization, engine.content_format)
         prompt_text, prompt_ids = render_prompt(engine.model, chat)
         engine.check_context(prompt_text, len(prompt_ids), chat.max_new_tokens)
         job = GenerationRequest(

@@ -37,8 +37,12 @@ class Engine:
     def __init__(self, settings: EmulatorSettings, model: EmulatedModel) -> None:
         self.settings = settings
         self.model = model
-        # the request preprocessing of the SGLang version it reports
-        self.normalization = profile_for_version(settings.sglang_version)
+        # the request preprocessing of the server version it reports (SGLang's or vLLM's)
+        self.normalization = profile_for_version(settings.version, settings.kind)
+        # how that server flattens list content for this template
+        self.content_format = self.normalization.template_content_format(
+            getattr(model.tokenizer, "chat_template", None)
+        )
         self.generator = Generator(model, settings)
         self.stats = Stats()
         self.scheduler = Scheduler(

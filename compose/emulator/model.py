@@ -51,10 +51,9 @@ class EmulatedModel:
             | {int(i) for i in self.tokenizer.all_special_ids}
         )
         self.vocab_size = len(self.tokenizer)
-        # how SGLang flattens list content for this template (streams/core/serving.py)
-        self.content_format: ContentFormat = detect_content_format(
-            getattr(self.tokenizer, "chat_template", None)
-        )
+        self.chat_template: str | None = getattr(self.tokenizer, "chat_template", None)
+        # how SGLang flattens list content for this template (the engine asks its profile)
+        self.content_format: ContentFormat = detect_content_format(self.chat_template)
 
     def _single_id(self, token: str) -> int | None:
         """The id of a token that encodes to exactly one id, else None."""

@@ -107,7 +107,7 @@ async def handle_tokenize(request: web.Request) -> web.Response:
         if not isinstance(body, dict):
             raise errors.bad_request("The request body must be a JSON object.")
         if "messages" in body:
-            chat = parse_chat_request(body, engine.normalization, engine.model.content_format)
+            chat = parse_chat_request(body, engine.normalization, engine.content_format)
             _, ids = render_prompt(engine.model, chat)
         elif isinstance(body.get("prompt"), str):
             ids = engine.model.encode(body["prompt"])

@@ -14,6 +14,8 @@ from streams.core.errors import CliError
 from streams.core.families import FAMILIES
 from streams.core.serving import parse_version
 
+SERVER_KINDS = ("sglang", "vllm")
+
 
 @dataclass
 class EmulatorSettings:
@@ -28,9 +30,13 @@ class EmulatorSettings:
     # how chat completions carry exact token ids: vLLM's, SGLang's ones, or none
     # (compose/emulator/token_ids.py)
     ids_style: str = "vllm"
-    # the SGLang version it reports (/server_info `version`) and whose request preprocessing
-    # it imitates (streams/core/serving.py)
+    # the server it imitates: SGLang (its routes, /server_info) or vLLM (/version, /health,
+    # /v1/*; ids the vLLM way)
+    kind: str = "sglang"
+    # the version it reports (SGLang's /server_info `version`, vLLM's /version) and whose
+    # request preprocessing it imitates (streams/core/serving/)
     sglang_version: str = "0.5.23"
+    vllm_version: str = "0.34.0"
 
     # Output length: uniform in [min, max] tokens, or log-normal around mean (clipped to them).
     min_output_tokens: int = 16
@@ -73,16 +79,26 @@ class EmulatorSettings:
     # messages and how it ended (compose/emulator/request_log.py); None writes nothing
     request_log: Path | None = None
 
+    @property
+    def version(self) -> str:
+        """The version it reports, of its kind."""
+        return self.vllm_version if self.kind == "vllm" else self.sglang_version
+
     def __post_init__(self) -> None:
         self.tokenizer_dir = Path(self.tokenizer_dir)
         if not self.model:
             self.model = self.tokenizer_dir.resolve().name
         if self.ids_style not in IDS_STYLES:
             raise ValueError(f"ids_style must be one of {IDS_STYLES}, got {self.ids_style!r}")
-        if parse_version(self.sglang_version) is None:
-            raise ValueError(
-                f"sglang_version must be a version like 0.5.23, got {self.sglang_version!r}"
-            )
+        if self.kind not in SERVER_KINDS:
+            raise ValueError(f"kind must be one of {SERVER_KINDS}, got {self.kind!r}")
+        for name in ("sglang_version", "vllm_version"):
+            if parse_version(getattr(self, name)) is None:
+                raise ValueError(
+                    f"{name} must be a version like 0.5.23, got {getattr(self, name)!r}"
+                )
+        if self.kind == "vllm":
+            self.ids_style = "vllm"  # vLLM has one way: `return_token_ids`
         if self.auth_status not in (401, 403):
             raise ValueError(f"auth_status must be 401 or 403, got {self.auth_status}")
         if self.min_output_tokens < 1 or self.max_output_tokens < self.min_output_tokens:
@@ -175,10 +191,23 @@ def add_emulator_arguments(parser: argparse.ArgumentParser) -> None:
         help="how chat completions return exact token ids (a server version's way)",
     )
     add(
-        "--sglang-version",
-        default=d.sglang_version,
+        "--kind",
+        choices=SERVER_KINDS,
+        default=d.kind,
+        help="the server to imitate: its routes, token-id shape and chat preprocessing",
+    )
+    add(
+        "--version",
+        default=None,
         metavar="X.Y.Z",
-        help="the SGLang version to report and whose chat preprocessing to imitate",
+        help=f"the version to report and whose chat preprocessing to imitate (default: SGLang "
+        f"{d.sglang_version}, vLLM {d.vllm_version})",
+    )
+    add(
+        "--sglang-version",
+        default=None,
+        metavar="X.Y.Z",
+        help="the same as --version, for --kind sglang",
     )
     add("--min-output-tokens", type=_POSITIVE, default=d.min_output_tokens)
     add("--max-output-tokens", type=_POSITIVE, default=d.max_output_tokens)
@@ -243,7 +272,9 @@ def _settings(args: argparse.Namespace) -> EmulatorSettings:
         family=args.family,
         max_model_len=args.max_model_len,
         ids_style=args.ids_style,
-        sglang_version=args.sglang_version,
+        kind=args.kind,
+        sglang_version=args.version or args.sglang_version or EmulatorSettings.sglang_version,
+        vllm_version=args.version or EmulatorSettings.vllm_version,
         min_output_tokens=args.min_output_tokens,
         max_output_tokens=args.max_output_tokens,
         mean_output_tokens=args.mean_output_tokens,

@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import orjson
 
-    from streams.ops.dead_letters import Selection, as_json, listing, read_dead_letters, republish
+    from streams.tools.dead_letters import Selection, as_json, listing, read_dead_letters, republish
 
     kafka = build(KafkaSettings, args)
     chosen = build(DeadLetterSelection, args)

@@ -1,5 +1,6 @@
-"""`draftgen export`: a dataset version as SpecForge JSONL, a `datasets` directory, Parquet, or
-the regenerated conversations (from the completions topic), in one file or split."""
+"""`draftgen export`: a dataset version in one of the registered export formats
+(streams/tools/export_formats.py: SpecForge JSONL, a `datasets` directory, Parquet, the
+regenerated conversations from the completions topic, …), in one file or split."""
 
 from __future__ import annotations
 
@@ -9,27 +10,34 @@ from pathlib import Path
 from streams.cli.flags import add_flags, build
 from streams.core.errors import CliError
 from streams.core.settings import ExportSettings, KafkaSettings
+from streams.tools.export_formats import EXPORT_FORMATS
+
+# `--format` names a registered format; the settings sit below the registry and cannot
+REGISTRIES = {"format": EXPORT_FORMATS}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_flags(parser, ExportSettings, skip=["kafka"])
+    add_flags(parser, ExportSettings, skip=["kafka"], registries=REGISTRIES)
     # the broker, for --format conversations only, and only read: no --partitions
     add_flags(parser, KafkaSettings, only=["bootstrap", "topic_prefix"])
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = build(ExportSettings, args)  # first: a bad setting is said before the imports
+    # first: a bad setting is said before the imports
+    settings = build(ExportSettings, args, registries=REGISTRIES)
+    declared = EXPORT_FORMATS[settings.format]
     from sinks.reader import DatasetReader
     from sinks.shards import ShardStore
-    from streams.ops.conversations import CompletionsJoin
-    from streams.ops.export import ExportRules, FileSplit, export
+    from streams.tools.conversations import CompletionsJoin
+    from streams.tools.export import ExportRules, FileSplit, export
+    from streams.tools.export_formats import open_writer
 
     if Path(settings.output).exists():
         raise CliError(f"--output {settings.output} exists; remove it or choose another")
-    if settings.format == "conversations" and settings.kafka is None:
+    if declared.needs_completions and settings.kafka is None:
         raise CliError(
-            "--format conversations reads the completions topic: give --bootstrap (or set "
+            f"--format {settings.format} reads the completions topic: give --bootstrap (or set "
             "DRAFTGEN_BOOTSTRAP)"
         )
     options = settings.storage.storage_options()
@@ -47,10 +55,11 @@ def run(args: argparse.Namespace) -> int:
     )
     split = FileSplit(rows=settings.rows_per_file, tokens=settings.tokens_per_file)
     join = None
-    if settings.format == "conversations" and settings.kafka is not None:
+    if declared.needs_completions and settings.kafka is not None:
         join = CompletionsJoin(settings.kafka)
     try:
-        summary = export(reader, settings.format, Path(settings.output), rules, split, join)
+        writer = open_writer(settings.format, Path(settings.output))
+        summary = export(reader, writer, rules, split, join)
     finally:
         if join is not None:
             join.close()

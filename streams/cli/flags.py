@@ -3,9 +3,12 @@
 A field declared with `cli=True` becomes an option spelled as its name (`flag_of`: dashes for
 underscores, `--no-` for a bool that defaults to True, the singular for a list given once per
 item); its type, choices, range and default come from the field, so a setting is declared in
-one place. Earlier spellings (`aliases`) are still accepted. Flags left out on the command line
-stay unset, so the environment (`DRAFTGEN_…`) and then the default apply, in that order. A bad
-value or a missing required setting is one line naming the flag and its environment variable.
+one place. A setting that names a registry entry (`OneOf`, or a registry the command gives for
+a setting the settings cannot see: export's `--format`) offers the entries registered when the
+parser is built. Earlier spellings (`aliases`) are still accepted. Flags left out on the
+command line stay unset, so the environment (`DRAFTGEN_…`) and then the default apply, in that
+order. A bad value or a missing required setting is one line naming the flag and its
+environment variable.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import argparse
 import os
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -24,6 +27,8 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
 from streams.core.errors import CliError
+from streams.core.registry import Registry
+from streams.core.settings.base import OneOf
 
 S = TypeVar("S", bound=BaseSettings)
 # how pydantic introduces the message of a validator's ValueError
@@ -55,6 +60,20 @@ def _base_type(annotation: Any) -> Any:
         arms = [a for a in typing.get_args(annotation) if a is not type(None)]
         return arms[0] if len(arms) == 1 else annotation
     return annotation
+
+
+def _registry(annotation: Any, field: FieldInfo) -> Registry[Any] | None:
+    """The registry whose names the setting takes (`Annotated[str, OneOf(...)]`)."""
+    metadata = list(field.metadata)
+    if typing.get_origin(annotation) is typing.Annotated:
+        metadata += typing.get_args(annotation)[1:]
+    return next((m.registry for m in metadata if isinstance(m, OneOf)), None)
+
+
+def _entries_help(registry: Registry[Any]) -> str:
+    """`name: its help; …` for a registry whose entries have a `help`."""
+    helps = [(name, getattr(entry, "help", None)) for name, entry in registry.items()]
+    return "; ".join(f"{name}: {text}" for name, text in helps if text)
 
 
 def flag_of(name: str, field: FieldInfo) -> str | None:
@@ -108,9 +127,11 @@ def add_flags(
     *,
     only: Iterable[str] | None = None,
     skip: Iterable[str] = (),
+    registries: Mapping[str, Registry[Any]] | None = None,
 ) -> None:
     """Add an option per flagged field of `cls` and of the settings it nests; `only`/`skip`
-    select top-level fields by name."""
+    select top-level fields by name; `registries` gives the registry of a field whose type
+    cannot name it (a registry above streams.core)."""
     chosen = set(only) if only is not None else None
     for name, field in cls.model_fields.items():
         if name in skip or (chosen is not None and name not in chosen):
@@ -132,7 +153,12 @@ def add_flags(
         elif typing.get_origin(annotation) is list:
             options.update(action="append", metavar=name.rstrip("s").upper())
         else:
-            if typing.get_origin(annotation) is Literal:
+            registry = (registries or {}).get(name) or _registry(annotation, field)
+            if registry is not None:
+                options["choices"] = list(registry)
+                described = _entries_help(registry)
+                help_text = f"{help_text} ({described})" if described else help_text
+            elif typing.get_origin(annotation) is Literal:
                 choices = list(typing.get_args(annotation))
                 options["choices"] = choices
                 if all(isinstance(c, str) and c.isupper() for c in choices):
@@ -194,16 +220,27 @@ def build(
     *,
     base: dict[str, Any] | None = None,
     only: Iterable[str] | None = None,
+    registries: Mapping[str, Registry[Any]] | None = None,
     **fixed: Any,
 ) -> S:
     """Settings from, lowest first: defaults, environment, `base` (a settings file), flags,
-    `fixed` (what the command decides itself). Invalid or missing values are a CliError."""
+    `fixed` (what the command decides itself). Invalid or missing values are a CliError;
+    `registries` as in `add_flags` (checked here for a value from the environment)."""
     values = _merge(base or {}, given(args, cls, only) if args is not None else {})
     values = _merge(values, fixed)
     try:
-        return construct(cls, values)
+        settings = construct(cls, values)
     except ValidationError as err:
         raise CliError(describe(cls, err)) from None
+    for name, registry in (registries or {}).items():
+        try:
+            OneOf(registry).check(getattr(settings, name))
+        except ValueError as err:
+            environ = {key.upper() for key in os.environ}
+            names = env_names(cls, name)
+            source = next((env for env in names if env.upper() in environ), None)
+            raise CliError(f"{source or flag_of(name, cls.model_fields[name])}: {err}") from None
+    return settings
 
 
 def describe(cls: type[BaseSettings], err: ValidationError) -> str:

@@ -16,6 +16,7 @@ from typing import NoReturn
 from streams.core.errors import CliError
 from streams.core.outage import quiet_repeats, short_error
 from streams.core.settings.names import LogLevel
+from streams.tools.export_formats import EXPORT_FORMATS
 
 # name: (module under streams.cli, help). A command's module, and the settings classes its
 # flags come from (pydantic), are imported only when that command is chosen: `draftgen --help`
@@ -30,11 +31,12 @@ COMMANDS = {
     ),
     "seal": ("seal", "wait until a dataset version has caught up, then write its manifest"),
     "dead-letters": ("dead_letters", "list dead letters; re-publish after a fix"),
-    "status": ("status", "where a run stands; --watch-s refreshes"),
-    "export": (
-        "export",
-        "a dataset version as a trainer's input (specforge, hf, parquet, conversations)",
+    "audit": (
+        "audit",
+        "list every published prompt without an outcome; exit status 1 if any",
     ),
+    "status": ("status", "where a run stands; --watch-s refreshes"),
+    "export": ("export", f"a dataset version as a trainer's input ({', '.join(EXPORT_FORMATS)})"),
     "report": ("report", "what a dataset version holds: JSON, PNG plots, one HTML page"),
     "emulate-server": ("emulate", "an SGLang-compatible emulated server"),
     "stack": ("stack", "a local Kafka and S3 that stay up: up, down, status"),
@@ -97,7 +99,7 @@ def _known_errors() -> tuple[type[BaseException], ...]:
 
 
 # commands that do one thing and end: a failure is their one line of output
-ONE_SHOT = ("publish", "dead-letters", "seal", "export", "report")
+ONE_SHOT = ("publish", "dead-letters", "audit", "seal", "export", "report")
 
 
 def _configure_logging(level: str, command: str) -> None:

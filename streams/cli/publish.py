@@ -15,7 +15,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "sources",
         nargs="*",
-        help="JSONL/Parquet paths or URLs, hf:NAME[:SPLIT], each optionally PATH:WEIGHT",
+        # the source formats of producers/sources.py SOURCE_FORMATS (a test checks the list)
+        help="files (.jsonl, .json, .parquet; compressed too), directories or globs of them, "
+        "on a path or URL; hf:NAME[:SPLIT]; each optionally PATH:WEIGHT",
     )
     add_flags(parser, PublishSettings)
     add_flags(parser, KafkaSettings)

@@ -22,8 +22,8 @@ def run(args: argparse.Namespace) -> int:
     settings = build(ReportSettings, args)  # first: a bad setting is said before the imports
     from sinks.reader import DatasetReader
     from sinks.shards import ShardStore
-    from streams.ops.report import build_report, collect, load_report_tokenizer, read_kafka_facts
-    from streams.ops.report_render import write_report
+    from streams.tools.report import build_report, collect, load_report_tokenizer, read_kafka_facts
+    from streams.tools.report_render import write_report
 
     options = settings.storage.storage_options()
     reader = DatasetReader(ShardStore(settings.storage.out, settings.dataset, options), options)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import secrets
 import sys
 import time
 from collections import Counter
@@ -19,6 +20,7 @@ from sinks.shards import ShardStore
 from streams.cli.flags import add_flags, build
 from streams.cli.publish import source_specs
 from streams.core.errors import CliError
+from streams.core.outage import short_error
 from streams.core.records import POLICY_PREFIX, is_policy_drop
 from streams.core.retry import backoff, until_done
 from streams.core.settings import (
@@ -34,8 +36,14 @@ from streams.core.settings import (
     secrets_removed,
 )
 from streams.core.turns import finished
-from streams.ops.console import RunConsole
-from streams.ops.progress import DatasetFigures, DeadLetterReader, DeadLetterTally, dataset_figures
+from streams.tools.audit import audit, republish_command
+from streams.tools.console import RunConsole
+from streams.tools.progress import (
+    DatasetFigures,
+    DeadLetterReader,
+    DeadLetterTally,
+    dataset_figures,
+)
 
 if TYPE_CHECKING:  # compose is imported when `run` runs, not when the parser is built
     from compose.process import ManagedProcess
@@ -181,6 +189,35 @@ def write_settings(workdir: Path, name: str, **sections: Any) -> Path:
     return path
 
 
+def tokenize_group(existing: dict[str, Any] | None, kafka: KafkaSettings, dataset: str) -> str:
+    """The consumer group of the run's tokenize workers: the version's own when it exists (they
+    resume it), else a new one, read from the topic's first offset. Not the one named after the
+    dataset alone: a run of the same name into another --out may have read past the stored
+    completions of the prompts generated before."""
+    if existing is not None:
+        group = existing.get("consumer_group") or kafka.group(f"draftgen-tokenize-{dataset}")
+        return str(group).removeprefix(kafka.topic_prefix)
+    # 100 characters at most (a SafeName)
+    return f"draftgen-tokenize-{dataset[:73]}-{secrets.token_hex(4)}"
+
+
+def not_built_before(
+    existing: dict[str, Any] | None, store: ShardStore, before: list[str]
+) -> str | None:
+    """Why the run cannot finish, if so: prompts generated before but missing from a version
+    that exists, whose group may have read past their completions."""
+    if existing is None or not before:
+        return None
+    missing = set(before) - finished(before, dataset_figures(store).prompt_ids)
+    if not missing:
+        return None
+    return (
+        f"{len(missing)} prompts were generated before but are not in the existing dataset "
+        f"version {store.url}, whose tokenize group may have read past their completions: "
+        "build a new version (another --dataset or --out)"
+    )
+
+
 def run_pipeline(args: argparse.Namespace) -> int:
     from compose.stack import LocalStack
     from producers.publish import publish
@@ -194,6 +231,11 @@ def run_pipeline(args: argparse.Namespace) -> int:
     load_tokenizer(tokenizer)  # refuse to start on a bad tokenizer directory, before any service
     specs = source_specs(args.sources)
     storage = StorageSettings(out=out)
+    try:
+        store = ShardStore(out, settings.dataset, storage.storage_options())
+        existing = store.manifest()
+    except Exception as err:
+        raise CliError(f"cannot read {out}: {short_error(err)}") from None
     # a running local stack (`draftgen stack up`) outlives the run: its broker keeps what
     # `status`, `dead-letters`, `replay` and `seal` read afterwards
     local = None if getattr(args, "bootstrap", None) else current_stack()
@@ -209,6 +251,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
                 "--seed",
                 str(index),
                 name=f"emulator-{index}",
+                kind=settings.emulate,
             )
             for index in range(settings.emulated_servers)
         ]
@@ -224,6 +267,14 @@ def run_pipeline(args: argparse.Namespace) -> int:
             )
         )
         print(summary.line())
+        if refused := not_built_before(existing, store, summary.generated_ids):
+            raise CliError(refused)
+        # the version holds exactly the run's prompts: those generated now, and those generated
+        # before, built from their stored completions
+        prompts = {*summary.prompt_ids, *summary.generated_ids}
+        prompts_file = workdir / "settings" / "prompts.json"
+        prompts_file.parent.mkdir(parents=True, exist_ok=True)
+        prompts_file.write_bytes(orjson.dumps(sorted(prompts)))
 
         def start(name: str, stage: str, path: Path) -> ManagedProcess:
             argv = ["--log-level", args.log_level, "worker", stage, "--settings", str(path)]
@@ -246,25 +297,32 @@ def run_pipeline(args: argparse.Namespace) -> int:
             storage=storage,
             kafka=kafka,
             idle_flush_s=settings.idle_flush_s,
+            group_id=tokenize_group(existing, kafka, settings.dataset),
+            prompts_file=str(prompts_file),
         )
         path = write_settings(workdir, "tokenize", tokenize=tokenize, observe=ObserveSettings())
         for index in range(settings.tokenize_workers):
             workers.append(start(f"tokenize-{index}", "tokenize", path))
-        store = ShardStore(out, settings.dataset, storage.storage_options())
         try:
             result = asyncio.run(
                 wait_until_done(
                     kafka,
                     store,
-                    set(summary.prompt_ids),
+                    prompts,
                     workers,
                     settings.timeout_s,
                     show_progress=sys.stderr.isatty(),
                 )
             )
+            # from the topics, not from the workers' counts: every prompt published has an outcome
+            audited = asyncio.run(audit(kafka, progress=sys.stderr.isatty()))
         except RunFailed as err:
             raise CliError(str(err)) from None
-    print_summary(result, store.url, workdir)
+    print_summary(result, store.url, workdir, before=len(set(summary.generated_ids)))
+    first, *rest = audited.lines(republish_command(draftgen_command(), kafka))
+    print(f"  audit        {first}")
+    for line in rest:
+        print(f"    {line}")
     print_next_steps(
         out=out,
         dataset=settings.dataset,
@@ -273,7 +331,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
         broker_kept=local is not None or bool(getattr(args, "bootstrap", None)),
         topic_prefix=kafka.topic_prefix,
     )
-    return 0
+    return 0 if audited.missing == audited.pending else 1  # 1: a prompt lost
 
 
 def draftgen_command() -> list[str]:
@@ -331,9 +389,14 @@ def print_next_steps(
 SUMMARY_CAUSES = 5
 
 
-def print_summary(result: RunResult, dataset_url: str, workdir: Path) -> None:
+def print_summary(result: RunResult, dataset_url: str, workdir: Path, before: int = 0) -> None:
+    """`before`: how many of the prompts were generated before (their stored completions built)."""
     figures, tally = result.figures, result.dead_letters
     print(f"done in {result.elapsed_s:.1f}s: {result.expected} prompts")
+    print(
+        f"  prompts      {result.expected - before} generated now, {before} from before "
+        "(built from their stored completions)"
+    )
     print(f"  samples      {figures.samples}")
     print(f"  tokens       {figures.tokens}")
     print(f"  loss tokens  {figures.loss_tokens}")

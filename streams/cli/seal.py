@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     settings = build(SealSettings, args)  # first: a bad setting is said before the imports
     from sinks.shards import ShardStore
-    from streams.ops.seal import seal
+    from streams.tools.seal import seal
 
     storage = settings.storage
     store = ShardStore(storage.out, settings.dataset, storage.storage_options())

@@ -14,6 +14,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from streams.ops.status import run_status
+    from streams.tools.status import run_status
 
     return run_status(build(StatusSettings, args))

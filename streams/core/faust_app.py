@@ -9,27 +9,15 @@ import signal
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from streams.core.crash_guard import CrashGuard
+from streams.core.leases import Leases
 from streams.core.outage import quiet_repeats
 from streams.core.settings import KafkaSettings
-
-
-class Event(Protocol):
-    """What the worker needs of a consumed message (a faust Event satisfies it)."""
-
-    @property
-    def key(self) -> Any: ...
-    @property
-    def value(self) -> Any: ...
-    @property
-    def message(self) -> Any: ...  # .tp, .offset
-
-    def ack(self) -> bool: ...
 
 
 def _credentials(kafka: KafkaSettings) -> faust.types.auth.CredentialsT | None:
@@ -60,7 +48,16 @@ class _IdempotentProducer(faust_aiokafka.Producer):
 
 
 class _RebalanceSafeCommits(faust_aiokafka.AIOKafkaConsumerThread):
-    """faust's consumer thread, minus a crash on a commit a rebalance emptied.
+    """faust's consumer thread, minus a crash on a commit a rebalance emptied, and with the
+    commit guard of the partitions' leases.
+
+    The guard (when the app has leases: `guard_commits`): each partition is committed no
+    further than its lease's acked run (streams/core/leases.py), whatever faust computed; a
+    partition without a lease, or whose lease admitted nothing yet, is left out. faust's own
+    offset arithmetic can pass an offset never acked (its gap filling, and a hole it does not
+    see at a committed offset of 0 or one offset: faust-streaming #606); this is where that
+    would reach Kafka, so this is where the invariant is checked. A commit the guard lowers is
+    logged as an error: it means a bug upstream of the guard, caught.
 
     faust checks a commit's partitions against the assignment, awaits the producer's flush,
     then the thread filters them again: a rebalance that took all of them meanwhile leaves
@@ -73,11 +70,36 @@ class _RebalanceSafeCommits(faust_aiokafka.AIOKafkaConsumerThread):
     faust no longer crashes (then this override can go)."""
 
     async def _commit(self, offsets: Mapping[Any, int]) -> bool:
+        leases: Leases | None = getattr(self.transport, "leases", None)
+        if leases is not None:
+            offsets = guarded(leases, offsets, self.log)
+            if not offsets:
+                return False  # nothing acked yet under a lease: nothing of ours to commit
         assignment = self.assignment()
         if not any(tp in assignment for tp in offsets):
             self.log.info("commit of revoked partitions skipped after a rebalance: %r", offsets)
             return False  # as faust answers a commit refused because the group rebalanced
         return await super()._commit(offsets)
+
+
+def guarded(leases: Leases, offsets: Mapping[Any, int], logger: Any) -> dict[Any, int]:
+    """The commit the leases allow: each partition at most at its lease's acked run."""
+    allowed: dict[Any, int] = {}
+    for tp, offset in offsets.items():
+        limit = leases.committable(tp, offset)
+        if limit is not None and limit < offset:
+            logger.error(
+                "commit of %s/%s lowered from %d to %d: offsets from %d on have no durable "
+                "outcome yet (caught by the lease's commit guard)",
+                tp.topic,
+                tp.partition,
+                offset,
+                limit,
+                limit,
+            )
+        if limit is not None:
+            allowed[tp] = limit
+    return allowed
 
 
 class _Consumer(faust_aiokafka.Consumer):
@@ -88,6 +110,16 @@ class _Consumer(faust_aiokafka.Consumer):
 class _Transport(faust_aiokafka.Transport):
     Producer: ClassVar[type[faust.types.ProducerT]] = _IdempotentProducer
     Consumer: ClassVar[type[faust.types.ConsumerT]] = _Consumer
+    # the app's partition leases, read by its consumer thread's commit guard (`guard_commits`)
+    leases: Leases | None = None
+
+
+def guard_commits(app: faust.App, leases: Leases) -> None:
+    """Commit the app's partitions only as far as `leases` allow (`_RebalanceSafeCommits`)."""
+    transport = app.transport
+    if not isinstance(transport, _Transport):
+        raise TypeError("guard_commits needs an app made by create_app")
+    transport.leases = leases
 
 
 def create_app(

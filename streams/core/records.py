@@ -179,7 +179,7 @@ class CompletionRecord(_Record):
     model: str = ""
     server: str = ""
     sampling: dict[str, Any] = field(default_factory=dict)
-    # the SGLang preprocessing profile the prompt was rendered with (streams/core/serving.py);
+    # the server's preprocessing profile the prompt was rendered with (streams/core/serving/);
     # "" in records written before profiles: the newest
     normalization: str = ""
     latency_s: float = 0.0

@@ -1,8 +1,8 @@
 """A group-less reader of one whole topic: every partition, from its beginning.
 
 The pipeline reads three topics in full rather than consuming them as a group: the generated
-ledger (streams/core/ledger.py), worker heartbeats (streams/ops/heartbeat.py) and dead letters
-(streams/ops/progress.py). Each user handles the records itself; this class only finds the
+ledger (streams/core/ledger.py), worker heartbeats (streams/observe/heartbeat.py) and dead letters
+(streams/tools/progress.py). Each user handles the records itself; this class only finds the
 partitions, reads them and says how far it got. It joins no group and commits nothing.
 
 Only public aiokafka calls. A consumer's cached metadata (`partitions_for_topic`) learns of a
@@ -64,7 +64,13 @@ class TopicReader:
             return True
         if self._consumer is None:
             consumer = groupless_consumer(self.kafka)
-            await consumer.start()
+            try:
+                await consumer.start()
+            except BaseException:
+                # no broker: closed here, else asyncio logs an "Unclosed AIOKafkaConsumer"
+                # ERROR after the command's one line
+                await consumer.stop()
+                raise
             self._consumer = consumer
         ids = await self._partition_ids()
         if not ids:

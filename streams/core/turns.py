@@ -53,6 +53,15 @@ def finished(expected: Iterable[str], ended: set[str]) -> set[str]:
     return done
 
 
+def among(prompt_id: str, prompt_ids: frozenset[str] | set[str]) -> bool:
+    """Whether a completion's prompt id is one of `prompt_ids`, or a turn of a conversation
+    that is."""
+    if prompt_id in prompt_ids:
+        return True
+    parsed = parse_turn_id(prompt_id)
+    return parsed is not None and parsed[0] in prompt_ids
+
+
 def mark(meta: dict[str, Any], mode: str) -> dict[str, Any]:
     """A prompt record's meta for the given mode (publish side)."""
     if mode not in REGEN_MODES:

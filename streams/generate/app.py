@@ -8,13 +8,12 @@ from typing import Any
 import faust
 
 from streams.core.crash_guard import CrashGuard
-from streams.core.faust_app import consume, create_app, kafka_sender, raw_topic
+from streams.core.faust_app import consume, create_app, guard_commits, kafka_sender, raw_topic
+from streams.core.group_starts import GroupStarts
 from streams.core.ledger import LedgerFollower
-from streams.core.retry import Backoff
 from streams.core.settings import (
     COMPLETIONS,
     DEAD_LETTERS,
-    DEFAULT_CONCURRENCY,
     GENERATE_GROUP,
     GENERATED,
     PROMPTS,
@@ -28,10 +27,10 @@ from streams.generate.fair import FairTurns
 from streams.generate.stats import GenerateStats, generate_figures
 from streams.generate.steal import Stealer
 from streams.generate.timed import TimedClient
-from streams.generate.worker import GenerateWorker
-from streams.ops.figures import declared
-from streams.ops.metrics import GenerateMetrics
-from streams.ops.observe import install
+from streams.generate.worker import GenerateWorker, generate_backoff
+from streams.observe.app import install
+from streams.observe.figures import declared
+from streams.observe.metrics import GenerateMetrics
 
 
 def observe_generate(
@@ -47,20 +46,16 @@ def build_generate_app(
     once: OnceSettings | None = None,
 ) -> tuple[faust.App, GenerateWorker]:
     kafka = settings.kafka
-    # the consumer is configured before the server is asked (--concurrency auto): the default
-    worker_concurrency = settings.concurrency
-    if not isinstance(worker_concurrency, int):
-        worker_concurrency = DEFAULT_CONCURRENCY
     app = create_app(
         kafka.group(GENERATE_GROUP),
         kafka,
         # Prefetch bounds what a worker holds beyond its in-flight requests, so a slow server
         # does not sit on a backlog that idle workers could take.
-        prefetch=generate_prefetch(worker_concurrency),
+        prefetch=generate_prefetch(settings.starting_concurrency),
         instance_id=settings.instance_id,
     )
     stats = GenerateStats()
-    backoff = Backoff(settings.backoff_initial_s, settings.backoff_max_s)
+    backoff = generate_backoff(settings)  # the worker's, the ledger's and the leases' waits
     metrics = GenerateMetrics(settings.server, declared(GenerateStats))
     observe = observe or ObserveSettings()
     # each prompt once per generation settings (ledger), optionally stealing at the end
@@ -75,10 +70,20 @@ def build_generate_app(
         dead_letters_topic=kafka.topic(DEAD_LETTERS),
         ledger=LedgerFollower(kafka, backoff=backoff) if once.ledger else None,
         ledger_topic=kafka.topic(GENERATED),
+        backoff=backoff,
         guard=guard,
         stats=stats,
     )
     observe_generate(app, worker, metrics, observe)
+    # the partitions' leases (streams/core/leases.py): where each resumes, a seek back over a
+    # record not delivered, and the commit guard in faust's consumer thread
+    starts = GroupStarts(kafka, kafka.group(GENERATE_GROUP), earliest=True, backoff=backoff)
+
+    async def seek(tp: Any, offset: int) -> None:
+        await app.consumer.seek(tp, offset)
+
+    worker.intake.leases.connect(starts.start_of, seek, starts.first_at)
+    guard_commits(app, worker.intake.leases)
     # each partition in turn, not whole backlogs one after another (streams/generate/fair.py)
     turns = FairTurns(lambda: app.consumer)
 
@@ -112,5 +117,6 @@ def build_generate_app(
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def on_shutdown(sender: Any, *_: Any, **__: Any) -> None:
         await worker.stop()
+        await starts.close()
 
     return app, worker

@@ -18,7 +18,13 @@ import orjson
 
 from streams.core.families import GENERIC, family_for_model
 from streams.core.records import CompletionRecord, PromptRecord
-from streams.core.serving import ServerNormalization, profile_for_version, profile_named
+from streams.core.serving import (
+    SGLANG,
+    VLLM,
+    ServerNormalization,
+    profile_for_version,
+    profile_named,
+)
 from streams.core.settings import GenerateSettings
 from streams.core.tokenizers import load_tokenizer
 from streams.generate.capacity import SERVER_INFO_PATHS, running_cap
@@ -31,12 +37,10 @@ from streams.generate.exact_ids import (
     way_of,
 )
 from streams.generate.native import NativeChat, NativeError
+from streams.generate.stats import AUTH, DOWN
 
 log = logging.getLogger(__name__)
 
-# why a server cannot take requests now (`SGLangClient.unavailable`)
-DOWN = "down"
-AUTH = "auth"  # it refuses our API key (401) or what the key may do (403)
 AUTH_STATUSES = (401, 403)
 
 
@@ -123,6 +127,8 @@ class SGLangClient:
         # how the server preprocesses chat requests (use_server_version); forced by the setting
         self.normalization: ServerNormalization = profile_named(settings.normalization)
         self.server_version: str | None = None
+        # which server reported it: SGLang (/server_info) or vLLM (/version)
+        self.server_kind: str = SGLANG
         # `--api native`: prompts rendered here, posted to /generate (streams/generate/native.py)
         self.native: NativeChat | None = None
         if settings.api == "native":
@@ -141,9 +147,12 @@ class SGLangClient:
 
     async def unavailable(self) -> str | None:
         """Why the server cannot take requests now: DOWN, AUTH, or None when it can. SGLang's
-        `--api-key` exempts /health*, so the key is tried on /v1/models, which checks it."""
+        `--api-key` exempts /health*, so the key is tried on /v1/models, which checks it. vLLM
+        has no /health_generate: its /health says whether the engine serves."""
         try:
             response = await self._http.get(f"{self.base_url}/health_generate", timeout=10.0)
+            if response.status_code == 404:
+                response = await self._http.get(f"{self.base_url}/health", timeout=10.0)
             if response.status_code != 200:
                 return DOWN
             response = await self._http.get(
@@ -178,20 +187,43 @@ class SGLangClient:
             return info if isinstance(info, dict) else None
         return None
 
+    async def _vllm_version(self) -> str | None:
+        """vLLM's `/version` ({"version": "0.34.0"}); None when the server has no such route or
+        answers no version. A server that cannot be reached raises (the caller waits it out)."""
+        try:
+            response = await self._http.get(
+                f"{self.base_url}/version", headers=self._auth_headers(), timeout=30.0
+            )
+        except httpx2.HTTPError as err:
+            raise classify(err) from None
+        if response.status_code >= 500 or response.status_code in AUTH_STATUSES:
+            raise status_error(response.status_code, response.text[:500])
+        try:
+            answer = orjson.loads(response.content) if response.status_code == 200 else None
+        except orjson.JSONDecodeError:
+            return None
+        version = answer.get("version") if isinstance(answer, dict) else None
+        return version if isinstance(version, str) else None
+
     async def max_running_requests(self) -> int | None:
         """The server's running-request cap (streams/generate/capacity.py), or None when it
         does not say. A server that cannot be reached raises (the caller waits it out)."""
         return running_cap(await self._server_info())
 
     async def use_server_version(self) -> ServerNormalization:
-        """Ask the server its SGLang version (`/server_info`'s `version`) and render prompts
-        as that version preprocesses chat requests, unless `--normalization` forces a profile;
-        a server that says no version gets the newest profile."""
+        """Ask the server its version (SGLang's `/server_info` `version`, else vLLM's
+        `/version`) and render prompts as that server's version preprocesses chat requests,
+        unless `--normalization` forces a profile; a server that says no version gets the
+        newest SGLang profile."""
         info = await self._server_info()
         version = (info or {}).get("version")
-        self.server_version = version if isinstance(version, str) else None
+        self.server_kind = SGLANG
+        if not isinstance(version, str):
+            version = await self._vllm_version()
+            self.server_kind = VLLM if version is not None else SGLANG
+        self.server_version = version
         if self.settings.normalization is None:
-            self.normalization = profile_for_version(self.server_version)
+            self.normalization = profile_for_version(self.server_version, self.server_kind)
         if self.native is not None:
             self.native.normalization = self.normalization
         return self.normalization

@@ -1,11 +1,14 @@
 """The intake of a generate worker: request slots, the in-flight window, ordered acks, revocation.
 
 Each consumed prompt takes a slot (`concurrency` of them: the requests the server is kept at),
-enters the in-flight window, and is handed to the stage in a task of its own, so a slow request
-never blocks the others and a freed slot is refilled at once. A prompt's offset is acked (and so
-committed) only after the stage has delivered its outputs, and only in offset order
-(streams/generate/inflight.py). A revoked partition's prompts leave the window: their outputs are
-no longer ours to dead-letter (`owned()`), nor their offsets ours to ack.
+is admitted by its partition's lease (streams/core/leases.py: the lease the event was delivered
+under, judged before any wait), enters the in-flight window under that lease, and is handed to
+the stage in a task of its own, so a slow request never blocks the others and a freed slot is
+refilled at once. A prompt's offset is acked (and so committed) only after the stage has
+delivered its outputs, and only in offset order within its lease (streams/generate/inflight.py).
+A revoked partition's lease ends: its prompts' outputs are no longer ours to dead-letter
+(`owned()`), nor their offsets ours to ack; a copy delivered again under a new lease is a new
+entry, which the old copy's end cannot touch.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
-from streams.core.faust_app import Event
+from streams.core.events import Event
+from streams.core.leases import Lease, Leases, Verdict
 from streams.generate.inflight import InFlightWindow
 from streams.generate.ports import PoisonCheck
 from streams.generate.stats import GenerateStats
@@ -52,7 +56,8 @@ class Intake:
         self.stats = stats
         self.gate_open = gate_open
         self.guard = guard
-        self.window: InFlightWindow[Event] = InFlightWindow()
+        self.leases = Leases()
+        self.window: InFlightWindow[Lease, Event] = InFlightWindow()
         # set once the worker started: its server answered, its concurrency is known
         self.ready = asyncio.Event()
         # when a prompt of its own last came or went to a slot (for stealing: `idle_for`)
@@ -66,25 +71,36 @@ class Intake:
         self._slots = asyncio.Semaphore(concurrency)
 
     async def submit(self, event: Event) -> None:
-        """Take one prompt: waits for a free slot and an open gate, then starts it."""
+        """Take one prompt: waits for a free slot and an open gate, then starts it (unless its
+        lease refuses it: delivered before a revocation, again, or past a hole)."""
+        message = event.message
+        lease = self.leases.lease(message.tp)  # as delivered, before any wait
         self.last_busy = time.monotonic()
         await self.ready.wait()
         await self._slots.acquire()
-        await self.gate_open()
-        message = event.message
+        try:
+            await self.gate_open()
+            verdict = await self.leases.admit(lease, message.offset)
+        except BaseException:
+            self._slots.release()
+            raise
+        if verdict is not Verdict.ADMIT:
+            self._slots.release()
+            self.stats.refused += 1
+            return  # unacked: its partition's current owner has (or will have) it
         poisoned = None
         if self.guard is not None:
             poisoned = self.guard.poisoned(message.tp.topic, message.tp.partition, message.offset)
-        self.window.add(message.tp, message.offset, event)
+        self.window.add(lease, message.offset, event)
         self.stats.in_flight += 1
-        self._spawn(self._run_one(event, poisoned))
+        self._spawn(self._run_one(lease, event, poisoned))
         self.last_busy = time.monotonic()
 
-    async def _run_one(self, event: Event, poisoned: str | None) -> None:
-        message = event.message
+    async def _run_one(self, lease: Lease, event: Event, poisoned: str | None) -> None:
+        offset = event.message.offset
 
         def owned() -> bool:
-            return self.window.holds(message.tp, message.offset)
+            return self.leases.holds(lease)
 
         key = bytes(event.key) if event.key else None
         try:
@@ -92,11 +108,12 @@ class Intake:
         finally:
             self.stats.in_flight -= 1
             self._slots.release()
-        for releasable in self.window.finish(message.tp, message.offset):
+        for done_offset, releasable in self.window.finish(lease, offset):
+            self.leases.acked(lease, done_offset)  # raises on an ack out of order: a bug
             releasable.ack()
 
     def forget(self, partitions: Iterable[Any]) -> None:
-        dropped = self.window.forget(partitions)
+        dropped = self.window.forget(self.leases.revoke(partitions))
         if dropped:
             log.info(
                 "partitions revoked with %d prompts in flight; their new owner redoes them", dropped

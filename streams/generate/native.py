@@ -1,7 +1,7 @@
 """`--api native`: token-exact generation on servers whose chat endpoint returns no ids.
 
 The prompt is rendered here with the target's chat template, as SGLang's chat endpoint of the
-server's version renders it (streams/core/serving.py: the same ids the chat endpoint would
+server's version renders it (streams/core/serving/: the same ids the chat endpoint would
 use), and its ids are posted to SGLang's native `/generate` with the
 same sampling parameters and the end-of-turn stop token. The output ids are recorded as
 sampled, and the output is split into reasoning, content and tool calls with SGLang's own
@@ -21,13 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from streams.core.parsers import parse, split_reasoning, tool_start_token
+from streams.core.parsers import split_reasoning
 from streams.core.records import PromptRecord
 from streams.core.serving import (
     NEWEST,
     NormalizationError,
     ServerNormalization,
-    detect_content_format,
 )
 from streams.core.settings import SamplingSettings
 from streams.core.tokenizers import LoadedTokenizer
@@ -62,7 +61,7 @@ class NativeChat:
         self.thinking = thinking
         # the server version's preprocessing (SGLangClient.use_server_version sets it)
         self.normalization = normalization
-        self.content_format = detect_content_format(getattr(self.tokenizer, "chat_template", None))
+        self.chat_template = getattr(self.tokenizer, "chat_template", None)
         eot = self.profile.end_of_turn
         ids = self.tokenizer.encode(eot, add_special_tokens=False) if eot else []
         stop = ids[0] if len(ids) == 1 else getattr(self.tokenizer, "eos_token_id", None)
@@ -82,7 +81,10 @@ class NativeChat:
         normalization = self.normalization
         try:
             prepared, template_tools = normalization.prepare(
-                messages, tools, tool_choice=tool_choice, content_format=self.content_format
+                messages,
+                tools,
+                tool_choice=tool_choice,
+                content_format=normalization.template_content_format(self.chat_template),
             )
         except NormalizationError as err:  # the server would refuse it with a 400
             raise NativeError("bad_request", str(err)) from None
@@ -124,14 +126,16 @@ class NativeChat:
         reasoning, content = None, text
         profile = self.profile
         if profile.reasoning_parser and self.thinking:
-            tool_start = tool_start_token(profile.name) if native.tools else None
+            tool_start = profile.tool_start if native.tools else None
             split = split_reasoning(
                 text, profile.think_open, profile.think_close, profile.prefills_think, tool_start
             )
             reasoning, content = split[0] or None, split[1]
         tool_calls = None
         if native.tools and profile.tool_call_parser:
-            content, calls = parse(profile.name, content, native.tools, native.history_tool_calls)
+            content, calls = profile.parse_tool_calls(
+                content, native.tools, native.history_tool_calls
+            )
             if calls:
                 tool_calls = [call.to_openai(i) for i, call in enumerate(calls)]
                 finish = "tool_calls" if finish == "stop" else finish

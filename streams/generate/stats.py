@@ -1,12 +1,24 @@
-"""A generate worker's counters, each field declaring its figure once (streams/ops/figures.py):
+"""A generate worker's counters, each field declaring its figure once (streams/observe/figures.py):
 its heartbeat key and its Prometheus name."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from streams.generate.client import AUTH
-from streams.ops.figures import Figure, Figures, figure, figured, note, read_figures
+from streams.observe.figures import (
+    Figure,
+    Figures,
+    figure,
+    figure_of,
+    figured,
+    note,
+    read_figures,
+)
+
+# why a server cannot take requests now (`SGLangClient.unavailable`, `paused_for`): here, not in
+# the client, so what reads the figures (status, the console) does not import the client
+DOWN = "down"
+AUTH = "auth"  # it refuses our API key (401) or what the key may do (403)
 
 
 def _is_auth(paused_for: str) -> float:
@@ -36,19 +48,27 @@ class GenerateStats:
     output_tokens: int = figure("draftgen_generate_output_tokens", "completion tokens generated")
     errors: dict[str, int] = field(
         default_factory=dict,
-        metadata=figured(Figure("", "draftgen_generate_errors", "failed requests, by kind")),
+        metadata=figured(
+            Figure("", "draftgen_generate_errors", "failed requests, by kind", by_kind=True)
+        ),
     )
     # prompts acked without a request, because the ledger had them (streams/generate/once.py)
     skipped: int = figure("draftgen_generate_skipped", "prompts skipped: already generated")
     # prompts generated from other workers' backlogs (streams/generate/steal.py)
     stolen: int = figure("draftgen_generate_stolen", "prompts generated from others' backlogs")
+    # deliveries its partition's lease refused, unacked (streams/core/leases.py): delivered
+    # before a revocation, delivered again, or past a record not delivered (sought back to it)
+    refused: int = figure("draftgen_generate_refused", "deliveries refused by a partition lease")
     # how its server returns exact token ids, once asked (`ids_note`); "" before
     exact_ids: str = note()
+
+
+_PAUSED = figure_of(GenerateStats, lambda s: s.paused)
 
 
 def generate_figures(stats: GenerateStats, unreachable: bool = False) -> Figures:
     """`unreachable`: the server has not answered since the worker started (it waits)."""
     figures = read_figures(stats)
     if unreachable:
-        figures.gauges["paused"] = 1.0
+        figures.gauges[_PAUSED.key] = 1.0
     return figures

@@ -20,9 +20,10 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 from streams.core.delivery import Send
-from streams.core.faust_app import Event
+from streams.core.events import Event
 from streams.core.retry import Backoff, Outage, until_done
-from streams.core.settings import DEFAULT_CONCURRENCY, GenerateSettings
+from streams.core.serving import VLLM
+from streams.core.settings import GenerateSettings
 from streams.generate.exact_ids import IdsWay
 from streams.generate.gate import ServerGate
 from streams.generate.intake import Intake
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-__all__ = ["GenerateStats", "GenerateWorker", "ids_note", "log_ids_way"]
+__all__ = ["GenerateStats", "GenerateWorker", "generate_backoff", "ids_note", "log_ids_way"]
 
 
 # what a worker whose server returns no exact ids can do instead
@@ -77,6 +78,12 @@ def log_ids_way(server: str, way: IdsWay | None) -> None:
         )
 
 
+def generate_backoff(settings: GenerateSettings) -> Backoff:
+    """Every wait-out loop of a generate worker: discovery, transient request errors, Kafka
+    writes, and the app's ledger reads and partition starts (built once, in app.py)."""
+    return Backoff(settings.backoff_initial_s, settings.backoff_max_s)
+
+
 def _report_failed_start(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("the generate worker failed to start", exc_info=task.exception())
@@ -91,6 +98,7 @@ class GenerateWorker:
         completions_topic: str,
         dead_letters_topic: str,
         *,
+        backoff: Backoff,
         ledger: Ledger | None = None,
         ledger_topic: str = "",
         guard: PoisonCheck | None = None,
@@ -99,8 +107,7 @@ class GenerateWorker:
         self.settings = settings
         self.client = client
         self.stats = stats if stats is not None else GenerateStats()
-        # every wait-out loop of the worker: discovery, transient request errors, Kafka writes
-        self.backoff = Backoff(settings.backoff_initial_s, settings.backoff_max_s)
+        self.backoff = backoff  # generate_backoff(settings)
         # probes of a down server: backing off, but never more than `health_interval_s` apart,
         # so the worker resumes soon after the server is back
         probes = Backoff(settings.backoff_initial_s, settings.health_interval_s)
@@ -114,10 +121,12 @@ class GenerateWorker:
             None if ledger is None else OnceStage(self.stage, ledger, settings, client, self.stats)
         )
         # requests in flight; with --concurrency auto, the server's cap once start() read it
-        fixed = settings.concurrency
-        concurrency = fixed if isinstance(fixed, int) else DEFAULT_CONCURRENCY
         self.intake = Intake(
-            self.once or self.stage, concurrency, self.stats, self.gate.wait_open, guard
+            self.once or self.stage,
+            settings.starting_concurrency,
+            self.stats,
+            self.gate.wait_open,
+            guard,
         )
         self._starting: asyncio.Task[None] | None = None
 
@@ -148,8 +157,9 @@ class GenerateWorker:
             f"asking {url} for its version", self.client.use_server_version
         )
         log.info(
-            "server %s reports SGLang %s: prompts render as %s preprocesses them%s",
+            "server %s reports %s %s: prompts render as %s preprocesses them%s",
             url,
+            "vLLM" if self.client.server_kind == VLLM else "SGLang",
             self.client.server_version or "(no version)",
             normalization.name,
             " (forced by --normalization)" if self.settings.normalization else "",

@@ -11,18 +11,22 @@ import time
 from typing import Any
 
 import faust
+import orjson
 
 from sinks.shards import ShardStore, rows_to_table
 from streams.core.crash_guard import CrashGuard
-from streams.core.faust_app import consume, create_app, kafka_sender, raw_topic
+from streams.core.faust_app import consume, create_app, guard_commits, kafka_sender, raw_topic
+from streams.core.group_starts import GroupStarts
 from streams.core.outage import Outage
+from streams.core.retry import backoff
 from streams.core.settings import COMPLETIONS, DEAD_LETTERS, ObserveSettings, TokenizeSettings
 from streams.core.tokenizers import LoadedTokenizer
-from streams.ops.figures import declared, read_figures
-from streams.ops.metrics import TokenizeMetrics
-from streams.ops.observe import install
+from streams.observe.app import install
+from streams.observe.figures import declared, read_figures
+from streams.observe.metrics import TokenizeMetrics
 from streams.tokenize.policies import PolicySampleBuilder
-from streams.tokenize.stage import TokenizeStats, TokenizeWorker
+from streams.tokenize.stage import TokenizeWorker
+from streams.tokenize.stats import TokenizeStats
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +53,14 @@ def manifest(settings: TokenizeSettings, loaded: LoadedTokenizer) -> dict[str, A
         "policy": settings.policy.model_dump(),
         "created_at": time.time(),
     }
+
+
+def held_prompts(settings: TokenizeSettings) -> frozenset[str] | None:
+    """The prompt ids the version holds (`prompts_file`); None: every completion."""
+    if settings.prompts_file is None:
+        return None
+    with open(settings.prompts_file, "rb") as file:
+        return frozenset(orjson.loads(file.read()))
 
 
 def stop_sealed(line: str) -> None:
@@ -90,6 +102,7 @@ def build_tokenize_app(
         generation=lambda: int(app.consumer_generation_id),
         guard=guard,
         on_sealed=stop_sealed,
+        prompts=held_prompts(settings),
     )
     observe_tokenize(
         app, worker, TokenizeMetrics(settings.dataset, declared(TokenizeStats)), observe
@@ -112,8 +125,24 @@ def build_tokenize_app(
     async def flush_idle() -> None:
         await worker.sink.flush_idle()
 
+    # the partitions' leases (streams/core/leases.py): where each resumes, a seek back over a
+    # record not delivered, and the commit guard in faust's consumer thread
+    starts = GroupStarts(
+        kafka, settings.consumer_group, earliest=settings.from_beginning, backoff=backoff("outage")
+    )
+
+    async def seek(tp: Any, offset: int) -> None:
+        await app.consumer.seek(tp, offset)
+
+    worker.sink.leases.connect(starts.start_of, seek, starts.first_at)
+    guard_commits(app, worker.sink.leases)
+
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # faust types are narrower than its runtime
     async def on_revoked(sender: Any, *args: Any, **_: Any) -> None:
         worker.sink.on_revoked(args[0])  # faust sends the revoked set positionally
+
+    @app.on_before_shutdown.connect  # type: ignore[arg-type]
+    async def on_shutdown(sender: Any, *_: Any, **__: Any) -> None:
+        await starts.close()
 
     return app, worker

@@ -30,6 +30,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
+import numpy as np
+import numpy.typing as npt
 import orjson
 import tiktoken
 
@@ -98,6 +100,14 @@ class TextEncoder:
             return self.reference(texts)
         return ids
 
+    def spells(self, ids: npt.NDArray[np.int32], text: str) -> bool | None:
+        """Whether `ids` decode to `text` with the same added tokens at the same places, so
+        that they are its encoding if they are canonical (a tokenizer's output, not a model's
+        samples); None: this encoder cannot tell (no twin), encode the text instead."""
+        self.prepare()
+        twin = self._twin
+        return None if twin is None else twin.spells(ids, text)
+
     def reference(self, texts: Sequence[str]) -> list[list[int]]:
         if not texts:
             return []
@@ -140,6 +150,7 @@ class BpeTwin:
         self._split = (
             re.compile("(" + "|".join(map(re.escape, alternatives)) + ")") if added else None
         )
+        self._decoder: _Decoder | None = None  # built on first use
         self._threads = max(1, os.cpu_count() or 1)
         self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="bpe-twin")
 
@@ -158,6 +169,32 @@ class BpeTwin:
                 ids += self.encoding.encode_ordinary(part)
         return ids
 
+    def spells(self, ids: npt.NDArray[np.int32], text: str) -> bool:
+        """`ids` decode to `text`, split at the same added tokens: a lookup, no BPE."""
+        decoder = self._decoder
+        if decoder is None:
+            decoder = self._decoder = _Decoder(self.encoding, self.added)
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: not a text the tokenizer encodes
+            return False
+        decoded = decoder.decode(ids)
+        if decoded is None or decoded[0] != data:
+            return False
+        # the same added tokens at the same places: then the texts between them are the same
+        parts = self._split.split(text) if self._split else [text]
+        at = np.flatnonzero(decoder.added[ids])
+        if 2 * len(at) + 1 != len(parts):
+            return False
+        starts = decoded[1][at].tolist()
+        offset = 0
+        for k, position in enumerate(at.tolist()):
+            offset += _utf8_len(parts[2 * k])
+            if starts[k] != offset or self.added[parts[2 * k + 1]] != ids[position]:
+                return False
+            offset += _utf8_len(parts[2 * k + 1])
+        return True
+
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         lanes = min(self._threads, len(texts))
         if lanes <= 1:
@@ -171,6 +208,40 @@ class BpeTwin:
 
     def _encode_all(self, texts: Sequence[str]) -> list[list[int]]:
         return [self.encode(text) for text in texts]
+
+
+class _Decoder:
+    """Ids → bytes as numpy gathers from one buffer of every token's bytes (no Python object a
+    token), with each token's start in the output."""
+
+    def __init__(self, encoding: tiktoken.Encoding, added: dict[str, int]) -> None:
+        pieces = {rank: token for token, rank in encoding._mergeable_ranks.items()}
+        pieces.update({rank: token.encode("utf-8") for token, rank in added.items()})
+        size = max(pieces) + 1
+        self.lengths = np.full(size, -1, dtype=np.int64)  # -1: no token has this id
+        self.starts = np.zeros(size, dtype=np.int64)
+        self.added = np.zeros(size, dtype=bool)
+        self.added[list(added.values())] = True
+        ids = np.fromiter(pieces, dtype=np.int64, count=len(pieces))
+        self.lengths[ids] = [len(pieces[i]) for i in ids.tolist()]
+        self.starts[ids] = np.cumsum(self.lengths[ids]) - self.lengths[ids]
+        self.buffer = np.frombuffer(b"".join(pieces[i] for i in ids.tolist()), dtype=np.uint8)
+
+    def decode(self, ids: npt.NDArray[np.int32]) -> tuple[bytes, npt.NDArray[np.int64]] | None:
+        """(the bytes, each token's offset in them), or None if an id is no token's."""
+        if len(ids) and (ids.max() >= len(self.lengths) or ids.min() < 0):
+            return None
+        lengths = self.lengths[ids]
+        if len(ids) and lengths.min() < 0:
+            return None
+        offsets = np.cumsum(lengths) - lengths
+        total = int(offsets[-1] + lengths[-1]) if len(ids) else 0
+        index = np.arange(total, dtype=np.int64) + np.repeat(self.starts[ids] - offsets, lengths)
+        return self.buffer[index].tobytes(), offsets
+
+
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
 
 
 # per tokenizer.json (by digest): the checked twin, or why there is none. Building and checking

@@ -1,6 +1,6 @@
-"""A completion rendered as text: the prompt by the target's chat template, as SGLang of the
-completion's version renders it, and the generated turn in the family's own format
-(streams/core/families/), or by the template for a family without one."""
+"""A completion rendered as text: the prompt by the target's chat template, as the server
+(SGLang or vLLM) of the completion's version renders it, and the generated turn in the
+family's own format (streams/core/families/), or by the template for a family without one."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from streams.core.serving import (
     ContentFormat,
     NormalizationError,
     ServerNormalization,
-    detect_content_format,
     profile_named,
 )
 from streams.tokenize.sample_types import SampleError
@@ -43,19 +42,19 @@ class Renderer:
         # Every kwarg explicit: Kimi's remote code defaults add_generation_prompt=True.
         self._default_kwargs = profile.template_kwargs(thinking=True)
         self._explicit_kwargs = dict(template_kwargs or {})
-        # how SGLang flattens list content for this template (read when first rendering)
-        self._content_format: ContentFormat | None = None
 
     def render(
         self, completion: CompletionRecord, normalization: ServerNormalization | None = None
     ) -> RenderedText:
         """The prompt text (ending with the generation prompt) and the generated turn's text,
-        the prompt as SGLang of the completion's profile (or `normalization`) renders it."""
+        the prompt as the server of the completion's profile (or `normalization`) renders it."""
         if normalization is None:
             normalization = self._normalization(completion)
         try:
             messages, tools = normalization.prepare(
-                completion.messages, completion.tools, content_format=self.content_format
+                completion.messages,
+                completion.tools,
+                content_format=self.content_format(normalization),
             )
         except NormalizationError as err:  # the server would have refused it
             raise SampleError("bad_tool_arguments", str(err)) from None
@@ -93,19 +92,18 @@ class Renderer:
             normalization = self._normalization(completion)
         try:
             messages, tools = normalization.prepare(
-                completion.messages, completion.tools, content_format=self.content_format
+                completion.messages,
+                completion.tools,
+                content_format=self.content_format(normalization),
             )
         except NormalizationError as err:
             raise SampleError("bad_tool_arguments", str(err)) from None
         kwargs = normalization.template_kwargs(self._kwargs(completion))
         return self._apply_template(messages, tools, kwargs, add_generation_prompt=True)
 
-    @property
-    def content_format(self) -> ContentFormat:
-        if self._content_format is None:
-            template = getattr(self.tokenizer, "chat_template", None)
-            self._content_format = detect_content_format(template)
-        return self._content_format
+    def content_format(self, normalization: ServerNormalization) -> ContentFormat:
+        """How the server of `normalization` flattens list content for this template."""
+        return normalization.template_content_format(getattr(self.tokenizer, "chat_template", None))
 
     @staticmethod
     def _normalization(completion: CompletionRecord) -> ServerNormalization:

@@ -69,7 +69,7 @@ class Sample:
     drift_cause: DriftCause | None = None
     # cut to the policy's --max-seq-len (streams/policies.py)
     truncated: bool = False
-    # the SGLang preprocessing profile the prompt was rendered with (streams/core/serving.py)
+    # the server's preprocessing profile the prompt was rendered with (streams/core/serving/)
     normalization: str = ""
 
     def __eq__(self, other: object) -> bool:

@@ -1,6 +1,6 @@
 """Completion records → training samples (token ids + loss mask), with drift measurement.
 
-Two token sources (see DESIGN.md, "Tokens and loss masks"):
+Two token sources (see docs/design.md, "Tokens and loss masks"):
 
 - ``server``: the ids the target produced, ``prompt_token_ids + output_token_ids``; the loss
   mask is 0 over the prompt (including a prefilled ``<think>``) and 1 over the output.
@@ -25,13 +25,23 @@ When a completion has the server's ids, the rendered ids are also computed (if
 template or tokenizer drift is visible; a drifted sample carries its cause (`DriftCause`: the
 prompt or the turn, and the first differing token decoded on both sides). Texts are encoded
 by `encoder.TextEncoder`: a checked tiktoken twin of the tokenizer where it has one, whose ids
-the tokenizer's own replace wherever they differ from the server's. Error kinds:
+the tokenizer's own replace wherever they differ from the server's.
+
+A prompt is the server's tokenizer's encoding of the text it rendered, so where the server's
+prompt ids spell the rendered prompt (the same text, the same added tokens; a decode, no BPE:
+`TextEncoder.spells`) and the server tokenizes as this tokenizer does, they are its encoding:
+the prompt is not encoded again (the encoding is most of the check's cost). That the server
+tokenizes as this tokenizer does is checked as the builder runs: one such prompt of every batch
+is encoded by the tokenizer, and so is every drifted sample; a difference and every prompt is
+encoded from then on, with a warning (docs/failures.md). The turn, which the model sampled and
+whose ids need not be the canonical encoding of its text, is always encoded. Error kinds:
 template_error, prefix_mismatch, bad_tool_arguments, bad_tool_call, bad_message,
 bad_token_ids, token_out_of_range, too_few_loss_tokens, encode_error, bad_normalization.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
@@ -52,6 +62,8 @@ from streams.tokenize.sample_types import (
     SampleError,
     TokenSource,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "TOKEN_SOURCES",
@@ -88,6 +100,10 @@ class SampleBuilder:
         self.renderer = Renderer(tokenizer, profile, template_kwargs)
         self._vocab_size = len(tokenizer)
         self.encoder = TextEncoder(tokenizer, encoder)
+        # the server's prompt ids stand for the rendered prompt's encoding when they spell it
+        # (until one that spells it is not its encoding); which of a batch's is checked
+        self.trust_server_prompts = True
+        self._probes = 0
 
     # -- public ---------------------------------------------------------------------------
 
@@ -114,10 +130,11 @@ class SampleBuilder:
                 except SampleError as err:
                     rendered[i] = err
 
-        encoded = self._encode(rendered, self.encoder.encode_batch)
+        known = self._known_prompts(servers, rendered)
+        encoded = self._encode(rendered, self.encoder.encode_batch, known)
         assembled = {i: self._assemble(server, encoded.get(i)) for i, server in servers.items()}
-        if self.encoder.twin:
-            self._confirm_drift(servers, rendered, encoded, assembled)
+        if self.encoder.twin or known:
+            self._confirm_drift(servers, rendered, encoded, assembled, known)
         for i, sample in assembled.items():
             if isinstance(sample, Sample):
                 sample.normalization = completions[i].normalization or NEWEST.name
@@ -168,15 +185,62 @@ class SampleBuilder:
 
     # -- tokens ---------------------------------------------------------------------------
 
+    def _known_prompts(
+        self,
+        servers: Mapping[int, tuple[Ids, Ids] | None],
+        rendered: Mapping[int, RenderedText | SampleError],
+    ) -> dict[int, Ids]:
+        """The server's prompt ids that spell the rendered prompt, by completion: they stand for
+        its encoding (the module's docstring). One of them is encoded by the tokenizer all the
+        same, a different one each batch; if its ids differ, none is trusted from then on."""
+        if not (self.trust_server_prompts and self.prefer == "server"):
+            return {}
+        known: dict[int, Ids] = {}
+        for i, item in rendered.items():
+            server = servers.get(i)
+            if (
+                server is not None
+                and isinstance(item, RenderedText)
+                and self.encoder.spells(server[0], item.prompt)
+            ):
+                known[i] = server[0]
+        if not known:
+            return known
+        probe = list(known)[self._probes % len(known)]
+        self._probes += 1
+        try:
+            [ids] = self.encoder.reference([cast(RenderedText, rendered[probe]).prompt])
+        except Exception:  # encoded the usual way below, where a failure is the sample's
+            del known[probe]
+            return known
+        if not np.array_equal(np.asarray(ids, dtype=np.int32), known[probe]):
+            self._distrust("a prompt of a batch")
+            return {}
+        return known
+
+    def _distrust(self, where: str) -> None:
+        """The server's prompt ids spelled a prompt but were not its encoding: from now on every
+        prompt is encoded."""
+        if self.trust_server_prompts:
+            log.warning(
+                "the server's prompt ids are not the tokenizer's encoding of their own text on "
+                "%s; encoding every prompt from now on",
+                where,
+            )
+        self.trust_server_prompts = False
+
     def _encode(
         self,
         rendered: Mapping[int, RenderedText | SampleError],
         encode_batch: Callable[[Sequence[str]], list[list[int]]],
+        known: Mapping[int, Ids] | None = None,
     ) -> dict[int, tuple[Ids, int] | SampleError]:
         """(ids, prompt length) per rendered completion, from one batch encode: the prompt and
-        the turn encoded separately, as the server encodes the prompt and the model samples."""
+        the turn encoded separately, as the server encodes the prompt and the model samples;
+        a `known` prompt's ids are those given, only its turn is encoded."""
+        known = known or {}
         pieces = {
-            i: [item.prompt, item.turn]
+            i: [item.turn] if i in known else [item.prompt, item.turn]
             for i, item in rendered.items()
             if isinstance(item, RenderedText)
         }
@@ -194,19 +258,25 @@ class SampleBuilder:
             if isinstance(item, SampleError):
                 out[i] = item
                 continue
+            texts = pieces[i]
             if batch is not None:
-                prompt_ids, turn_ids = batch[position : position + 2]
-                position += 2
+                lists = batch[position : position + len(texts)]
+                position += len(texts)
             else:
                 try:
-                    prompt_ids, turn_ids = encode_batch(pieces[i])
+                    lists = encode_batch(texts)
                 except (KeyboardInterrupt, SystemExit):
                     raise
                 except BaseException as err:
                     out[i] = SampleError("encode_error", f"{type(err).__name__}: {err}")
                     continue
-            ids = np.array(prompt_ids + turn_ids, dtype=np.int32)
-            out[i] = (ids, len(prompt_ids))
+            if i in known:
+                prompt = known[i]
+                ids = np.concatenate([prompt, np.array(lists[0], dtype=np.int32)])
+                out[i] = (ids, len(prompt))
+            else:
+                prompt_ids, turn_ids = lists
+                out[i] = (np.array(prompt_ids + turn_ids, dtype=np.int32), len(prompt_ids))
         return out
 
     def _confirm_drift(
@@ -215,9 +285,11 @@ class SampleBuilder:
         rendered: Mapping[int, RenderedText | SampleError],
         encoded: Mapping[int, tuple[Ids, int] | SampleError],
         assembled: dict[int, Sample | SampleError],
+        known: Mapping[int, Ids],
     ) -> None:
-        """A drift measured with the twin's ids is re-measured with the tokenizer's own, so
-        that a drift is the tokenizer's, never the twin's (encoder.py)."""
+        """A drift measured with the twin's ids or a known prompt is re-measured with the
+        tokenizer's own encoding of both, so that a drift is the tokenizer's, never the twin's
+        (encoder.py) nor the server's prompt ids' (`_known_prompts`)."""
         drifted = {
             i: rendered[i]
             for i, sample in assembled.items()
@@ -226,9 +298,13 @@ class SampleBuilder:
         if not drifted:
             return
         for i, confirmed in self._encode(drifted, self.encoder.reference).items():
-            if _same_encoding(confirmed, encoded[i]):
+            ours = encoded[i]
+            if _same_encoding(confirmed, ours):
                 continue
-            self.encoder.disable("a sample whose ids differ from the server's")
+            if i in known and not _same_prompt(confirmed, ours):
+                self._distrust("a drifted sample")
+            if not _same_turn(confirmed, ours):
+                self.encoder.disable("a sample whose ids differ from the server's")
             assembled[i] = self._assemble(servers[i], confirmed)
 
     def _assemble(
@@ -316,3 +392,15 @@ def _same_encoding(
     if not (isinstance(a, tuple) and isinstance(b, tuple)):
         return False
     return a[1] == b[1] and np.array_equal(a[0], b[0])
+
+
+def _same_prompt(a: tuple[Ids, int] | SampleError, b: tuple[Ids, int] | SampleError) -> bool:
+    if not (isinstance(a, tuple) and isinstance(b, tuple)):
+        return False
+    return np.array_equal(a[0][: a[1]], b[0][: b[1]])
+
+
+def _same_turn(a: tuple[Ids, int] | SampleError, b: tuple[Ids, int] | SampleError) -> bool:
+    if not (isinstance(a, tuple) and isinstance(b, tuple)):
+        return False
+    return np.array_equal(a[0][a[1] :], b[0][b[1] :])

@@ -14,75 +14,39 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
 
 from sinks.shards import SampleRow, ShardMarker, ShardStore
-from sinks.sink import STORAGE_BACKOFF, Admitted, Prepared, ShardSink, SinkStats
+from sinks.sink import STORAGE_BACKOFF, Admitted, Prepared, ShardSink
 from streams.core.crash_guard import CRASH_LOOP, CrashGuard
 from streams.core.delivery import Send, letter_output, send_dead_letter
+from streams.core.events import Event
 from streams.core.faults import AFTER_DEAD_LETTERS, AFTER_MARKER, crash_point
-from streams.core.faust_app import Event
 from streams.core.records import CompletionRecord, DeadLetter, RecordError, origin_of
 from streams.core.retry import Backoff
 from streams.core.settings import TokenizeSettings
-from streams.ops.figures import Figure, figure, figured
+from streams.core.turns import among
 from streams.tokenize.samples import Sample, SampleBuilder, SampleError
+from streams.tokenize.stats import TokenizeStats
 
 log = logging.getLogger(__name__)
 
 STAGE = "tokenize"
-# a window's item: a completion to build, or the dead letter of an undecodable record
-Item = CompletionRecord | DeadLetter
+
+
+class Other:
+    """A completion of a prompt the version does not hold (not in the worker's `prompts`): acked
+    with its window, nothing written."""
+
+
+OTHER = Other()
+# a window's item: a completion to build, the dead letter of an undecodable record, or another
+# prompt's completion
+Item = CompletionRecord | DeadLetter | Other
 # tokens of the completions built in one batch: a batch's texts and encoded ids (a Python int
 # a token, ~36 bytes) live until it is assembled, so a whole window (up to --shard-tokens) at
 # once would hold ~150 MB per 4M tokens; this keeps it ~10 MB and still feeds the encoder's
 # threads batches of hundreds of texts
 BUILD_TOKENS = 256 * 1024
-
-
-@dataclass
-class TokenizeStats:
-    """Each field's figure (heartbeat key, Prometheus name) declared once (ops/figures.py)."""
-
-    samples: int = figure("draftgen_tokenize_samples", "samples in committed shards")
-    tokens: int = figure("draftgen_tokenize_tokens", "tokens in committed shards")
-    loss_tokens: int = figure("draftgen_tokenize_loss_tokens", "loss-masked tokens")
-    shards: int = figure("draftgen_tokenize_shards", "shards committed (with rows)")
-    dead_letters: int = figure("draftgen_tokenize_dead_letters", "completions dead-lettered")
-    drifted: int = figure("draftgen_tokenize_drifted", "samples whose renderings drifted")
-    compared: int = figure(
-        "draftgen_tokenize_drift_compared", "samples compared", key="drift_compared"
-    )
-    rejected: dict[str, int] = field(
-        default_factory=dict,
-        metadata=figured(Figure("errors", "draftgen_tokenize_errors", "samples rejected, by kind")),
-    )
-    # the sink's own counters (its stats object, once the worker made its sink)
-    sink: SinkStats = field(
-        default_factory=SinkStats,
-        metadata=figured(
-            Figure(
-                "duplicates",
-                "draftgen_tokenize_duplicates",
-                "completions replaced by a later one",
-                attr="replaced",
-            ),
-            Figure(
-                "open_bytes",
-                "draftgen_tokenize_open_bytes",
-                "bytes held by open windows",
-                "gauge",
-                attr="open_bytes",
-            ),
-            Figure(
-                "peak_open_bytes",
-                "draftgen_tokenize_peak_open_bytes",
-                "most held at once",
-                "gauge",
-                attr="peak_open_bytes",
-            ),
-        ),
-    )
 
 
 class TokenizeWorker:
@@ -102,8 +66,11 @@ class TokenizeWorker:
         generation: Callable[[], int] = lambda: 0,
         guard: CrashGuard | None = None,
         on_sealed: Callable[[str], None] | None = None,
+        prompts: frozenset[str] | None = None,
     ):
         self.guard = guard
+        # the prompt ids (and conversations) the version holds; None: every completion
+        self.prompts = prompts
         self.settings = settings
         self.builder = builder
         self.send = send
@@ -131,6 +98,9 @@ class TokenizeWorker:
         with it, or for any exception while admitting it; never an exception."""
         raw = bytes(event.value)
         key = bytes(event.key).decode("utf-8", "replace") if event.key else None
+        if self.prompts is not None and (key is None or not among(key, self.prompts)):
+            # its bytes stay in the window until it is acked: counted against the budget
+            return Admitted(OTHER, size=len(raw))
         where = (event.message.tp.topic, event.message.tp.partition, event.message.offset)
         origin = origin_of(*where)
         if self.guard and (error := self.guard.poisoned(*where)):
@@ -192,8 +162,9 @@ class TokenizeWorker:
         self.stats.samples += marker.rows
         self.stats.tokens += marker.tokens
         self.stats.loss_tokens += marker.loss_tokens
-        # every item became a row or a dead letter
-        self.stats.dead_letters += len(items) - marker.rows
+        # every item of its prompts became a row or a dead letter
+        ours = sum(1 for item in items if not isinstance(item, Other))
+        self.stats.dead_letters += ours - marker.rows
 
     def _build_each(self, completions: list[CompletionRecord]) -> list[Sample | SampleError]:
         """Built in batches of about BUILD_TOKENS tokens, in order."""

@@ -137,7 +137,7 @@ async def _lag(kafka: Any, group: str) -> tuple[int, int]:
     from aiokafka.errors import GroupCoordinatorNotAvailableError
 
     from streams.core.settings import COMPLETIONS
-    from streams.ops.seal import group_offsets
+    from streams.tools.seal import group_offsets
 
     try:
         committed, ends = await group_offsets(kafka, group, kafka.topic(COMPLETIONS))

@@ -62,8 +62,8 @@ from compose.tiny_tokenizers import build_qwen36_tokenizer
 from sinks.shards import ShardStore
 from streams.core.settings import COMPLETIONS, KafkaSettings
 from streams.core.topics import ensure_topics
-from streams.ops.seal import seal
 from streams.tokenize.encoder import TWIN_READY
+from streams.tools.seal import seal
 from tests.benchmarks.bench_tokenize import Measure, make_data, measure, write_data
 from tests.benchmarks.cgroups import CpuCaps, CpuGroup, Throttling, available, cpu_caps
 from tests.benchmarks.proc import cpu_s, peak_rss_mib

@@ -26,8 +26,8 @@ from producers.sources import parse_source_spec
 from sinks.shards import ShardStore
 from streams.cli.run import RunFailed, wait_until_done
 from streams.core.settings import KafkaSettings
-from streams.ops.dead_letters import read_dead_letters
-from streams.ops.progress import dataset_figures
+from streams.tools.dead_letters import read_dead_letters
+from streams.tools.progress import dataset_figures
 
 
 def write_prompts(path: Path, count: int, rng: random.Random) -> Path:

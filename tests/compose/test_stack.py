@@ -1,6 +1,7 @@
 """A stack that stays up: `draftgen stack up`, then the main job on it, then the commands its
 summary prints (report, export, status, dead-letters, replay, seal), run as printed against the
-broker the run left up, then `stack down`; the supervisor is stopped by its PID."""
+broker the run left up, then `stack down`; the supervisor is stopped by its PID. The main job
+run again on it builds its dataset from the stored completions of its own prompts."""
 
 from __future__ import annotations
 
@@ -15,11 +16,17 @@ import pytest
 
 from compose.process import ManagedProcess
 from compose.stack import draftgen_argv
+from sinks.reader import DatasetReader
 from sinks.shards import ShardStore
+from streams.core.records import CompletionRecord
+from streams.core.settings import COMPLETIONS, KafkaSettings
 from streams.core.stack_state import STATE_FILE, live_stack, read_state
+from tests.integration.probes import send_raw
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
+
+SAMPLE_PROMPTS = 41  # producers/samples/sample_prompts.jsonl
 
 
 def pid_gone(pid: int) -> bool:
@@ -66,13 +73,17 @@ def test_the_main_job_leaves_a_stack_the_printed_commands_use(tmp_path: Path) ->
     replay: ManagedProcess | None = None
     try:
         assert f"pid {state.pid}" in draftgen("stack", "up")  # once: a second up finds it
-        run = draftgen("run", "--workdir", str(tmp_path / "run"), "--limit", "10", "--servers", "1")
+        run = draftgen("run", "--workdir", str(tmp_path / "run"), "--servers", "1")
+        assert f"{SAMPLE_PROMPTS} generated now, 0 from before" in run
         lines = run.splitlines()
         assert "next:" in lines
         steps = {line.split(":", 1)[0].strip(): line for line in lines[lines.index("next:") + 1 :]}
         assert set(steps) >= {"look at the data", "export it", "where it stands", "failed prompts"}
         assert "--bootstrap" not in run  # the commands find the stack themselves
         samples = int(next(x for x in lines if x.strip().startswith("samples")).split()[-1])
+        assert samples == SAMPLE_PROMPTS
+        built = DatasetReader(ShardStore(str(tmp_path / "run" / "out"), "sample")).table()
+        assert len(set(built["prompt_id"].to_pylist())) == SAMPLE_PROMPTS
 
         status = printed(steps["where it stands"])
         assert "datasets in" in status and f"{samples:,}" in status
@@ -95,6 +106,22 @@ def test_the_main_job_leaves_a_stack_the_printed_commands_use(tmp_path: Path) ->
         printed(steps["seal the version"])
         assert ShardStore(out, "sample").sealed() is not None
         replay.stop()
+
+        # another source's completion in the topic: not a prompt of the next run
+        stray = CompletionRecord(
+            prompt_id="stray", messages=[{"role": "user", "content": "hi"}], content="hello"
+        )
+        send_raw(
+            KafkaSettings(bootstrap=state.bootstrap), COMPLETIONS, [(b"stray", stray.encode())]
+        )
+        # the main job again (`compose/setup.sh run`: the same dataset name, its own output):
+        # nothing to generate, every sample built from the stored completions
+        again = draftgen("run", "--workdir", str(tmp_path / "again"), "--servers", "1")
+        assert "published 0, " in again and f"already generated {SAMPLE_PROMPTS}," in again
+        assert f"0 generated now, {SAMPLE_PROMPTS} from before" in again
+        second = DatasetReader(ShardStore(str(tmp_path / "again" / "out"), "sample")).table()
+        assert sorted(second["prompt_id"].to_pylist()) == sorted(built["prompt_id"].to_pylist())
+
         # `stack down` (as printed): SIGTERM to the supervisor by its PID; it stops its services
         assert f"was pid {state.pid}" in printed(steps["when done"])
         assert pid_gone(state.pid) and read_state(home) is None

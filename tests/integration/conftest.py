@@ -23,8 +23,8 @@ from sinks.shards import ShardStore
 from streams.cli.run import RunResult, wait_until_done
 from streams.core.records import CompletionRecord, DeadLetter
 from streams.core.settings import COMPLETIONS, KafkaSettings
-from streams.ops.dead_letters import read_dead_letters
-from streams.ops.progress import dataset_figures
+from streams.tools.dead_letters import read_dead_letters
+from streams.tools.progress import dataset_figures
 from tests.faults import LAUNCHER, Crash
 
 WORDS = [

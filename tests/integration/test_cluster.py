@@ -25,7 +25,7 @@ from compose.stack import LocalStack
 from sinks.reader import DatasetReader, open_dataset
 from streams.core.settings import COMPLETIONS, PROMPTS, KafkaSettings
 from streams.core.topics import DATA_TOPICS, config_values, ensure_topics, topic_configs
-from streams.ops.seal import seal
+from streams.tools.seal import seal
 from tests.integration.conftest import Pipeline
 from tests.integration.probes import topic_size
 from tests.polling import wait_for

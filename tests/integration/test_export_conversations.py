@@ -22,7 +22,7 @@ from streams.cli.main import main
 from streams.core.records import CompletionRecord
 from streams.core.settings import COMPLETIONS, KafkaSettings
 from streams.core.topics import ensure_topics
-from streams.ops.progress import dataset_figures
+from streams.tools.progress import dataset_figures
 from tests.integration.conftest import TOOLS
 from tests.polling import wait_for
 
@@ -50,6 +50,7 @@ def completion(index: int, round_: int = 1, finish: str = "stop") -> CompletionR
         reasoning_content=f"Round {round_}: thinking about {index} " + "step " * (index % 9),
         content=f"Answer {index}, round {round_}. " + "more " * (index % 13),
         finish_reason=finish,
+        source_id=f"row-{index}" if index % 4 else None,  # the user's row id, when it had one
     )
     if index % 5 == 0:  # a tool call, with the tools declared
         arguments = json.dumps({"command": f"ls /tmp/{index}"})
@@ -87,7 +88,12 @@ def expected_line(record: CompletionRecord) -> dict[str, Any]:
     line: dict[str, Any] = {"id": record.prompt_id, "conversations": [*record.messages, turn]}
     if record.tools:
         line["tools"] = record.tools
-    return {**line, "source": record.source, "finish_reason": record.finish_reason}
+    return {
+        **line,
+        "source": record.source,
+        "source_id": record.source_id,
+        "finish_reason": record.finish_reason,
+    }
 
 
 def lines(path: Path) -> list[dict[str, Any]]:
@@ -153,6 +159,7 @@ def test_conversations_are_the_completions_that_became_the_samples(
     # Parquet: the same conversations
     table = pq.read_table(export("conversations.parquet", *kafka))
     assert table["id"].to_pylist() == samples
+    assert table["source_id"].to_pylist() == [line["source_id"] for line in whole]
     for row, line in zip(table.to_pylist(), whole, strict=True):
         turn, want = row["conversations"][-1], line["conversations"][-1]
         assert turn["content"] == want["content"]

@@ -25,7 +25,7 @@ from sinks.reader import DatasetReader
 from streams.core.records import CompletionRecord
 from streams.core.tokenizers import load_tokenizer
 from streams.core.turns import EVERY_TURN, FINAL, STOPPED, parse_turn_id, turn_prompt_id
-from streams.ops.progress import dataset_figures
+from streams.tools.progress import dataset_figures
 from tests.ids import as_list
 
 pytestmark = pytest.mark.integration

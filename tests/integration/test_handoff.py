@@ -20,7 +20,7 @@ from compose.tiny_tokenizers import build_qwen36_tokenizer
 from sinks.reader import DatasetReader
 from streams.cli.main import main
 from streams.core.tokenizers import load_tokenizer
-from streams.ops.report import sample_lengths
+from streams.tools.report import sample_lengths
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration

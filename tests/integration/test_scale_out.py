@@ -24,8 +24,8 @@ from streams.core.faults import AFTER_DEAD_LETTERS
 from streams.core.records import CompletionRecord
 from streams.core.settings import COMPLETIONS, KafkaSettings
 from streams.core.topics import ensure_topics
-from streams.ops.heartbeat import Heartbeat, HeartbeatReader
-from streams.ops.progress import dataset_figures
+from streams.observe.heartbeat import Heartbeat, HeartbeatReader
+from streams.tools.progress import dataset_figures
 from tests.faults import Crash
 from tests.polling import wait_for
 

@@ -107,7 +107,7 @@ def test_a_worker_stopped_mid_run_hands_its_partitions_back(pipeline, write_prom
 def _explain_missing(pipeline, expected: set[str]) -> None:
     """On a timeout: where the missing prompts got to (completions topic, ledger)."""
     from streams.core.settings import GENERATED
-    from streams.ops.progress import dataset_figures
+    from streams.tools.progress import dataset_figures
 
     done = dataset_figures(pipeline.store()).prompt_ids
     completions = key_counts(pipeline.kafka)

@@ -12,7 +12,7 @@ import pytest
 
 from compose.stack import draftgen_argv
 from sinks.reader import DatasetReader, open_dataset
-from streams.ops.progress import dataset_figures
+from streams.tools.progress import dataset_figures
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -18,6 +19,8 @@ from hypothesis import strategies as st
 
 import producers.sources as sources
 from producers.sources import (
+    SOURCE_FORMATS,
+    SourceFormat,
     SourceSpec,
     bundled_sample_path,
     iter_rows,
@@ -25,7 +28,8 @@ from producers.sources import (
     parse_source_spec,
     row_error,
 )
-from streams.core.normalize import normalize_conversation, prompt_id
+from streams.cli.main import build_parser
+from streams.core.normalize import make_prompt_record, normalize_conversation, prompt_id
 
 
 def prompt(text: str) -> dict[str, Any]:
@@ -257,6 +261,49 @@ def test_missing_or_unsupported_sources_fail_at_call_time(tmp_path: Path) -> Non
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(ValueError, match="unsupported"):
         iter_rows(SourceSpec(str(tmp_path / "notes.txt")))
+
+
+def _iter_toy(fs: Any, path: str) -> Any:
+    """A toy format: a user turn a line; `!` is a bad row."""
+    with fs.open(path, "rb") as f:
+        for number, line in enumerate(f.read().decode().splitlines()):
+            row = {"messages": [{"role": "user", "content": line}]}
+            yield number, row if line != "!" else line.encode()
+
+
+def test_a_registered_source_format_is_read_like_the_built_in_ones(tmp_path: Path) -> None:
+    """A format is its reader plus one registration: files, directories and globs pick it up,
+    its rows become the same prompts as JSONL's, and the error messages name it."""
+    folder = tmp_path / "d"
+    folder.mkdir()
+    (folder / "a.toy").write_text("hello\n!\n")
+    turn = {"messages": [{"role": "user", "content": "hello"}]}
+    (folder / "b.jsonl").write_text(json.dumps(turn) + "\n")
+    (tmp_path / "notes.txt").write_text("x")
+    with SOURCE_FORMATS.registered("toy", SourceFormat((".toy",), _iter_toy)):
+        rows = list(iter_rows(SourceSpec(str(folder))))
+        assert rows == [(0, turn), (1, b"!"), (2, turn)]
+        assert len(list(iter_rows(SourceSpec(str(folder / "*.toy"))))) == 2
+        # what `publish` sends: the same prompt from either format is one prompt
+        records = [make_prompt_record(row, "s", {}) for _, row in rows if isinstance(row, dict)]
+        assert records[0].prompt_id == records[1].prompt_id
+        spec = SourceSpec(str(folder / "a.toy"), 2.0)
+        mixed = list(mix_sources([spec, SourceSpec(str(folder / "b.jsonl"), 1.0)], seed=1))
+        assert sorted(number for source, number, _ in mixed if source == spec) == [0, 1]
+        with pytest.raises(ValueError, match=r"notes.txt \(jsonl, json, parquet, toy\)"):
+            iter_rows(SourceSpec(str(tmp_path / "notes.txt")))
+    with pytest.raises(ValueError, match=r"a.toy \(jsonl, json, parquet\)$"):
+        iter_rows(SourceSpec(str(folder / "a.toy")))
+
+
+def test_publish_names_every_registered_source_format() -> None:
+    """`publish --help` lists the formats by hand (producers are imported when it runs)."""
+    parser = build_parser(["publish"])
+    action = next(a for a in parser._actions if a.dest == "command")
+    publish = action.choices["publish"]  # type: ignore[index]
+    help_text = next(a.help for a in publish._actions if a.dest == "sources") or ""
+    for name, fmt in SOURCE_FORMATS.items():
+        assert re.search(re.escape(fmt.extensions[0]) + r"\b", help_text), name
 
 
 def test_bundled_sample_path_is_readable() -> None:

@@ -1,8 +1,9 @@
 """Model families: each one's behaviour in one module (kimi_k2.py, qwen3.py, generic.py), the
 profile and format they share (base.py), and the registry that detects them (registry.py).
 
-Adding a target model is one new module here (a `FamilyProfile` with its `TurnFormat`) listed
-in `registry.BUILT_IN`, plus its tests; the stages ask the profile, never compare names.
+Adding a target model is one new module here (a `FamilyProfile` with its `TurnFormat`)
+registered in `registry.FAMILIES`, plus its tests; the stages ask the profile, never compare
+names, and `--family` takes the registered names.
 """
 
 from streams.core.families.base import FamilyProfile, FormatError, ToolCall, TurnFormat

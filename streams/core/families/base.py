@@ -2,14 +2,14 @@
 family's model writes, and SGLang's parsing of it back).
 
 One module per family (kimi_k2.py, qwen3.py, generic.py) builds its profile; the registry
-(registry.py) detects it from a chat template or a model name. Facts: shared
-notes/model-templates.md.
+(registry.py) detects it from a chat template or a model name. Facts: each family's module and
+docs/templates.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 Message = dict[str, Any]  # as streams.core.records.Message (OpenAI chat format)
@@ -133,6 +133,9 @@ class FamilyProfile:
     template_markers: tuple[str, ...] = ()
     # detection: a served model name containing one of these (lowercase) is this family's
     model_markers: tuple[str, ...] = ()
+    # members of the family whose templates differ in a way of the family's own: the profile
+    # for a template (Qwen3.5's tool arguments); the shared facts are read by `for_template`
+    refine: Callable[[FamilyProfile, str], FamilyProfile] | None = None
 
     def template_kwargs(self, thinking: bool = True) -> dict[str, Any]:
         return {self.thinking_kwarg: thinking} if self.thinking_kwarg else {}
@@ -144,6 +147,21 @@ class FamilyProfile:
     def matches_model(self, model: str) -> bool:
         lowered = model.lower()
         return any(marker in lowered for marker in self.model_markers)
+
+    def for_template(self, template: str) -> FamilyProfile:
+        """The profile of the member of the family whose chat template this is: older members
+        (K2-Thinking, Qwen3) do not prefill `<think>` nor take `preserve_thinking`; then the
+        family's own rule (`refine`)."""
+        if not template:
+            return self
+        # the generation-prompt block is the tail after `add_generation_prompt`
+        index = template.rfind("add_generation_prompt")
+        profile = replace(
+            self,
+            preserve_thinking="preserve_thinking" in template,
+            prefills_think=index >= 0 and self.think_open in template[index:],
+        )
+        return profile.refine(profile, template) if profile.refine else profile
 
     # -- the format, for callers that hold the profile ----------------------------------------
 

@@ -11,7 +11,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from streams.core.families.base import (
@@ -112,7 +112,7 @@ class QwenFormat:
         start = text.find(TOOL_CALL)
         if start < 0:
             return text, []
-        # function dicts, or SGLang's {"type", "function"} tool dumps (streams/core/serving.py)
+        # function dicts, or SGLang's {"type", "function"} tool dumps (streams/core/serving/)
         functions = [t.get("function", t) for t in tools]
         schemas = {f.get("name"): f.get("parameters") for f in functions}
         calls: list[ToolCall] = []
@@ -230,6 +230,12 @@ def _convert(raw: str, name: str, properties: dict[str, Any]) -> Any:
         return raw
 
 
+def _arguments_style(profile: FamilyProfile, template: str) -> FamilyProfile:
+    """Qwen3.5 tests for a mapping or list first and prints other arguments with `| string`
+    (`True`, `None`); Qwen3.6 prints them as JSON."""
+    return replace(profile, tool_args_json="args_value is mapping" not in template)
+
+
 FAMILY = FamilyProfile(
     name="qwen3",
     thinking_kwarg="enable_thinking",
@@ -241,4 +247,5 @@ FAMILY = FamilyProfile(
     format=QwenFormat(),
     template_markers=("<|im_start|>", "<|im_end|>"),
     model_markers=("qwen",),
+    refine=_arguments_style,
 )

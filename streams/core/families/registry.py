@@ -3,7 +3,8 @@
 Callers ask here instead of comparing family names: `detect_family` (the tokenizer directory's or
 the `--chat-template` file's template), `family_for_model` (the name a server reports),
 `family_named` (a `--family` override). A family is one module of this package that builds a
-`FamilyProfile`; it is listed in `BUILT_IN`, or `register`ed (a test's toy family).
+`FamilyProfile`, registered in `FAMILIES` (the built-in ones below; a test's toy family with
+`registered`): the one list, from which `--family`'s choices and accepted values come.
 """
 
 from __future__ import annotations
@@ -12,51 +13,42 @@ import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 
 from streams.core.families import generic, kimi_k2, qwen3
 from streams.core.families.base import FamilyProfile
+from streams.core.registry import Registry
 
 log = logging.getLogger(__name__)
 
 KIMI_K2 = kimi_k2.FAMILY
 QWEN3 = qwen3.FAMILY
 GENERIC = generic.FAMILY
-# detection tries them in this order; generic has no markers and is the fallback
-BUILT_IN: tuple[FamilyProfile, ...] = (KIMI_K2, QWEN3, GENERIC)
-
-FAMILIES: dict[str, FamilyProfile] = {profile.name: profile for profile in BUILT_IN}
+# Detection tries them in this order (a family registered later comes after them); generic has
+# no markers and is the fallback.
+FAMILIES: Registry[FamilyProfile] = Registry(
+    "model family", ((profile.name, profile) for profile in (KIMI_K2, QWEN3, GENERIC))
+)
 
 
 def register(profile: FamilyProfile) -> FamilyProfile:
     """Add a family (detected after the ones before it); its name must be new."""
-    if profile.name in FAMILIES:
-        raise ValueError(f"model family {profile.name!r} is already registered")
-    FAMILIES[profile.name] = profile
-    return profile
+    return FAMILIES.register(profile.name, profile)
 
 
 def unregister(name: str) -> None:
-    if any(profile.name == name for profile in BUILT_IN):
-        raise ValueError(f"model family {name!r} is built in")
-    FAMILIES.pop(name, None)
+    FAMILIES.unregister(name)
 
 
 @contextmanager
 def registered(profile: FamilyProfile) -> Iterator[FamilyProfile]:
     """The family is known inside the block only (tests)."""
-    register(profile)
-    try:
+    with FAMILIES.registered(profile.name, profile):
         yield profile
-    finally:
-        unregister(profile.name)
 
 
 def family_named(name: str) -> FamilyProfile:
-    if name not in FAMILIES:
-        raise ValueError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}")
-    return FAMILIES[name]
+    return FAMILIES.named(name)
 
 
 def family_for_model(model: str, override: str | None = None) -> FamilyProfile:
@@ -100,32 +92,12 @@ def detect_family(
     if template is None:
         template = read_chat_template(tokenizer_dir)
     if override:
-        return _refine(family_named(override), template)
+        return family_named(override).for_template(template)
     for profile in FAMILIES.values():
         if profile.matches_template(template):
-            return _refine(profile, template)
+            return profile.for_template(template)
     log.warning(
         "chat template in %s matches no known model family; using the generic profile",
         tokenizer_dir,
     )
     return GENERIC
-
-
-def _refine(profile: FamilyProfile, template: str) -> FamilyProfile:
-    """Older family members differ: K2-Thinking / Qwen3 do not prefill <think>; Qwen3.5 prints
-    scalar tool arguments with `| string`."""
-    if not template:
-        return profile
-    return replace(
-        profile,
-        preserve_thinking="preserve_thinking" in template,
-        prefills_think=_template_prefills_think(template, profile),
-        # Qwen3.5 tests for a mapping or list first and falls back to `| string`
-        tool_args_json="args_value is mapping" not in template,
-    )
-
-
-def _template_prefills_think(template: str, profile: FamilyProfile) -> bool:
-    # The generation-prompt block is the tail after `add_generation_prompt`.
-    index = template.rfind("add_generation_prompt")
-    return index >= 0 and profile.think_open in template[index:]

@@ -30,8 +30,6 @@ from streams.core.settings.names import (
     PROMPTS,
     WORKER_STATS,
     Compression,
-    ExportFormat,
-    Family,
     GenerateApi,
     KeepOrDrop,
     LogLevel,
@@ -59,6 +57,7 @@ if TYPE_CHECKING:
         setting,
     )
     from streams.core.settings.commands import (
+        AuditSettings,
         DeadLetterSelection,
         ExportSettings,
         LogSettings,
@@ -108,6 +107,7 @@ _HOME = {
         "setting",
     ),
     "commands": (
+        "AuditSettings",
         "DeadLetterSelection",
         "ExportSettings",
         "LogSettings",
@@ -145,6 +145,7 @@ __all__ = [
     "GENERATE_GROUP",
     "PROMPTS",
     "WORKER_STATS",
+    "AuditSettings",
     "BackoffKind",
     "Bootstrap",
     "Compression",
@@ -152,9 +153,7 @@ __all__ = [
     "DatasetName",
     "DeadLetterSelection",
     "ExportCut",
-    "ExportFormat",
     "ExportSettings",
-    "Family",
     "GenerateApi",
     "GenerateSettings",
     "KafkaSettings",

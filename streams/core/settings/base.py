@@ -13,8 +13,19 @@ import re
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, AliasChoices, BaseModel, BeforeValidator, Field, SecretStr
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    BeforeValidator,
+    Field,
+    GetCoreSchemaHandler,
+    SecretStr,
+)
+from pydantic_core import CoreSchema, core_schema
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from streams.core.registry import Registry
 
 # Names that become paths, topics, consumer groups or member ids: Kafka's topic alphabet, a
 # letter or digit first (so never "." or ".."), short enough for every use.
@@ -105,6 +116,27 @@ def _concurrency(value: object) -> object:
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
     raise ValueError(f"{value!r} is not a concurrency: use a positive integer or 'auto'")
+
+
+class OneOf:
+    """A setting whose value names an entry of a registry (streams/core/registry.py), as
+    `Annotated[str, OneOf(registry)]`: it accepts the names registered when a value is read,
+    and its flag offers those registered when the command line is built (streams/cli/flags.py),
+    so an entry registered at run time (a test's toy) is accepted like a built-in one."""
+
+    def __init__(self, registry: Registry[Any]):
+        self.registry = registry
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        return core_schema.no_info_after_validator_function(self.check, handler(source))
+
+    def check(self, value: str) -> str:
+        if value not in self.registry:
+            names = ", ".join(self.registry)
+            raise ValueError(f"{value!r} is not a known {self.registry.kind}: use one of {names}")
+        return value
 
 
 Bootstrap = Annotated[str, AfterValidator(_bootstrap)]

@@ -1,5 +1,5 @@
 """The settings of the one-shot and supervising commands: publish, run, status, dead-letters,
-export, report, seal, replay, and the log level all commands share."""
+audit, export, report, seal, replay, and the log level all commands share."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from streams.core.settings.base import (
     setting,
 )
 from streams.core.settings.kafka import KafkaSettings, kafka_if_configured
-from streams.core.settings.names import ExportFormat, LogLevel, RegenMode
+from streams.core.settings.names import LogLevel, RegenMode
 from streams.core.settings.policy import ExportCut
 from streams.core.settings.storage import StorageSettings
 
@@ -90,6 +90,12 @@ class RunSettings(Settings):
         help="give up if not done after this many seconds",
         env=("DRAFTGEN_RUN_TIMEOUT_S",),
         gt=0,
+    )
+    # which server the emulated servers imitate (compose/emulator/: routes, ids, preprocessing)
+    emulate: Literal["sglang", "vllm"] = setting(
+        "sglang",
+        cli=True,
+        help="the server the emulated servers imitate: SGLang (0.5.23) or vLLM (0.34.0)",
     )
     emulator_tokens_per_s: float = setting(
         2000.0,
@@ -167,23 +173,35 @@ class DeadLetterSelection(Settings):
     )
 
 
+class AuditSettings(Settings):
+    """`draftgen audit`."""
+
+    republish: bool = setting(
+        False,
+        cli=True,
+        help="send every prompt that has no outcome back to the prompts topic, as it was",
+    )
+    as_json: bool = setting(
+        False,
+        cli=True,
+        aliases=("--json",),
+        help="one JSON object: the counts and every prompt without an outcome",
+    )
+
+
 class ExportSettings(Settings):
-    """`draftgen export`: a dataset version as the file a trainer takes (streams/ops/export.py)."""
+    """`draftgen export`: a dataset version as the file a trainer takes (tools/export.py)."""
 
     model_config = SettingsConfigDict(env_prefix="DRAFTGEN_EXPORT_")
 
     storage: StorageSettings
     dataset: DatasetName = dataset_setting()
-    format: ExportFormat = setting(
-        cli=True,
-        help="specforge: JSON lines of prompt_id, input_ids, loss_mask; hf: a datasets "
-        "save_to_disk directory; parquet: one Parquet file; conversations: each sample's "
-        "regenerated conversation (OpenAI messages) from the completions topic, JSON lines "
-        "(Parquet when --output ends in .parquet)",
-    )
+    # a name in streams/tools/export_formats.py EXPORT_FORMATS, which offers the choices and
+    # their help; the command line checks it (these settings sit below the registry)
+    format: str = setting(cli=True, help="what to write")
     output: str = setting(
         cli=True,
-        help="the file (specforge, parquet, conversations) or directory (hf, or any format "
+        help="the file or directory (a format that writes one, such as hf, or any format "
         "split by --rows-per-file/--tokens-per-file) to write; new",
     )
     # split into files of at most this many rows / tokens (prompt included, after the cut),

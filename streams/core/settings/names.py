@@ -16,13 +16,12 @@ WORKER_STATS = "worker-stats"
 GENERATED = "generated"
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
-Family = Literal["kimi_k2", "qwen3", "generic"]
 KeepOrDrop = Literal["drop", "keep"]
 OverLength = Literal["drop", "truncate"]
-ExportFormat = Literal["specforge", "hf", "parquet", "conversations"]
 RegenMode = Literal["final", "every-turn"]
 GenerateApi = Literal["chat", "native"]
-# SGLang request-preprocessing profiles (streams/core/serving.py PROFILE_NAMES; a test checks)
+# SGLang's and vLLM's request-preprocessing profiles (streams/core/serving/ PROFILE_NAMES; a
+# test checks)
 Normalization = Literal[
     "sglang-0.5.1",
     "sglang-0.5.4",
@@ -30,6 +29,13 @@ Normalization = Literal[
     "sglang-0.5.10",
     "sglang-0.5.11",
     "sglang-0.5.23",
+    "vllm-0.11",
+    "vllm-0.12",
+    "vllm-0.20",
+    "vllm-0.22",
+    "vllm-0.29",
+    "vllm-0.30",
+    "vllm-0.33",
 ]
 Compression = Literal["gzip", "none"]
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]

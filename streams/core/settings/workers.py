@@ -3,13 +3,15 @@ and what every worker observes."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import SecretStr, model_validator
 
+from streams.core.families import FAMILIES
 from streams.core.settings.base import (
     Concurrency,
     DatasetName,
+    OneOf,
     SafeName,
     ServerUrl,
     Settings,
@@ -20,12 +22,14 @@ from streams.core.settings.base import (
 from streams.core.settings.kafka import KafkaSettings
 from streams.core.settings.names import (
     DEFAULT_CONCURRENCY,
-    Family,
     GenerateApi,
     Normalization,
 )
 from streams.core.settings.policy import SamplePolicy
 from streams.core.settings.storage import StorageSettings
+
+# a registered model family (streams/core/families/registry.py FAMILIES)
+FamilyName = Annotated[str, OneOf(FAMILIES)]
 
 
 class SamplingSettings(Settings):
@@ -52,7 +56,7 @@ class GenerateSettings(Settings):
     # None: ask the server which model it serves
     model: str | None = setting(None, cli=True, help="served model name (default: ask the server)")
     # family name whose thinking kwarg is sent; None: detect from the model name
-    family: Family | None = setting(
+    family: FamilyName | None = setting(
         None,
         cli=True,
         help="model family for the thinking kwarg (default: from the model name)",
@@ -73,13 +77,15 @@ class GenerateSettings(Settings):
         aliases=("--tokenizer",),
         help="the target's tokenizer directory, the one the server uses (for --api native)",
     )
-    # None: the profile of the SGLang version the server reports at start (newest if it says
-    # none); recorded per completion, so the tokenize stage renders as the server did
+    # None: the profile of the SGLang or vLLM version the server reports at start (the newest
+    # SGLang one if it says none); recorded per completion, so the tokenize stage renders as
+    # the server did
     normalization: Normalization | None = setting(
         None,
         cli=True,
-        help="render prompts as this SGLang version range preprocesses chat requests "
-        "(default: from the version the server reports; the newest if it reports none)",
+        help="render prompts as this SGLang or vLLM version range preprocesses chat requests "
+        "(default: from the version the server reports; the newest SGLang one if it reports "
+        "none)",
     )
     api_key: SecretStr | None = setting(None, env=("DRAFTGEN_API_KEY", "OPENAI_API_KEY"))
     request_timeout_s: float = setting(1800.0, cli=True, aliases=("--request-timeout",), gt=0)
@@ -96,6 +102,12 @@ class GenerateSettings(Settings):
         cli=True,
         help="static group membership id: a restart does not rebalance",
     )
+
+    @property
+    def starting_concurrency(self) -> int:
+        """Requests in flight before the server is asked: the number given, or the default with
+        --concurrency auto (the consumer's prefetch is set from it before the server answers)."""
+        return self.concurrency if isinstance(self.concurrency, int) else DEFAULT_CONCURRENCY
 
     @model_validator(mode="after")
     def _native_needs_a_tokenizer(self) -> GenerateSettings:
@@ -146,7 +158,7 @@ class TokenizeSettings(Settings):
     dataset: DatasetName = dataset_setting()
     storage: StorageSettings
     kafka: KafkaSettings = setting(default_factory=lambda: KafkaSettings())
-    family: Family | None = setting(
+    family: FamilyName | None = setting(
         None,
         cli=True,
         help="model family (default: detected from the tokenizer's template)",
@@ -182,6 +194,10 @@ class TokenizeSettings(Settings):
     # group per dataset version; None: derived from the dataset name
     group_id: SafeName | None = None
     from_beginning: bool = True
+    # only the completions of the prompt ids in this file (a JSON list; a conversation's id
+    # takes its turns): `run` gives its workers the run's prompts, so that its version holds
+    # them and nothing else of a shared completions topic; None: every completion
+    prompts_file: str | None = None
     # compare server ids with the rendering (costs a render + encode per server sample)
     measure_drift: bool = setting(
         True,

@@ -129,6 +129,11 @@ CASES: dict[str, Case] = {
     "dataset-env": Case(
         ("report", "--out", "o"), "DRAFTGEN_DATASET", {"DRAFTGEN_DATASET": "../evil"}
     ),
+    "audit-bootstrap": Case(("audit", "--bootstrap", "h:70000"), "--bootstrap"),
+    "audit-prefix": Case(
+        ("audit", "--bootstrap", BOOTSTRAP, "--topic-prefix", "bad topic!"), "--topic-prefix"
+    ),
+    "audit-bootstrap-env": Case(("audit",), "DRAFTGEN_BOOTSTRAP", {"DRAFTGEN_BOOTSTRAP": "x"}),
     "report-bootstrap-env": Case(
         ("report", "--out", "o", "--dataset", "v"),
         "DRAFTGEN_BOOTSTRAP",
@@ -306,3 +311,15 @@ def test_a_broker_that_cannot_be_reached_is_one_line(tmp_path: Path) -> None:
     assert result.code == 2, result.stderr
     line = only_line(result.stderr)
     assert line.startswith("draftgen publish: error: ") and bootstrap.split(":")[1] in line, line
+
+
+def test_audit_without_a_broker_is_one_line_and_status_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not 1: `audit` exits 1 when prompts have no outcome, so an error must not look like it."""
+    bootstrap = f"127.0.0.1:{unused_port()}"
+    for argv in (["audit"], ["audit", "--republish"], ["audit", "--as-json"]):
+        result = in_process([*argv, "--bootstrap", bootstrap], {}, tmp_path, monkeypatch, capsys)
+        assert result.code == 2, result.stderr
+        line = only_line(result.stderr)
+        assert line.startswith("draftgen audit: error: ") and bootstrap.split(":")[1] in line, line

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,11 @@ import pytest
 
 from sinks.reader import DatasetReader
 from sinks.shards import SampleRow, ShardStore
-from streams.cli.main import main
+from streams.cli.main import build_parser, main
+from streams.tools.export import Part, Writer
+from streams.tools.export_formats import EXPORT_FORMATS, ExportFormat
+
+DATA_MD = Path(__file__).resolve().parents[3] / "docs" / "data.md"
 
 
 def sample(pid: str, prompt: int, mask: list[int], source: str, finish: str) -> SampleRow:
@@ -134,6 +139,70 @@ def test_an_existing_output_or_a_missing_version_is_one_line(
     assert "no dataset version 'nope'" in capsys.readouterr().err
 
 
+# -- the formats: one registry ---------------------------------------------------------------
+
+
+class CsvPart:
+    def __init__(self, path: Path):
+        self.handle = path.open("w")
+
+    def write(self, table: pa.Table) -> None:
+        ids, lengths = table["prompt_id"].to_pylist(), table["num_tokens"].to_pylist()
+        self.handle.writelines(f"{pid},{n}\n" for pid, n in zip(ids, lengths, strict=True))
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+class CsvWriter(Writer):
+    """A toy format, defined and registered in this test only: prompt id and length, as CSV."""
+
+    suffix = ".csv"
+
+    def open_part(self, path: Path) -> Part:
+        return CsvPart(path)
+
+
+def test_a_registered_export_format_is_offered_checked_and_written(
+    out: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A format is its writer plus one registration: `--format` offers it with its help, the
+    rules choose its rows and the split names its parts, with no other change."""
+    toy = ExportFormat("prompt ids and lengths as CSV", lambda: CsvWriter)
+    path, split = tmp_path / "toy.csv", tmp_path / "toy-split"
+    with EXPORT_FORMATS.registered("toy", toy):
+        with pytest.raises(SystemExit):
+            main(["export", "--help"])
+        assert "toy: prompt ids and lengths as CSV" in " ".join(capsys.readouterr().out.split())
+        assert export(out, "toy", path, "--max-seq-len", "8") == 0
+        assert export(out, "toy", split, "--max-seq-len", "8", "--rows-per-file", "2") == 0
+    kept = [k for row in ROWS if (k := specforge_keeps(row, 8))]
+    expected = [f"{k['prompt_id']},{len(k['input_ids'])}" for k in kept]
+    assert path.read_text().splitlines() == expected
+    assert sorted(p.name for p in split.iterdir()) == ["part-00000.csv", "part-00001.csv"]
+    assert [line for p in sorted(split.iterdir()) for line in p.read_text().splitlines()] == (
+        expected
+    )
+    # unregistered again: refused like any unknown format
+    with pytest.raises(SystemExit) as refused:
+        export(out, "toy", tmp_path / "again.csv")
+    assert refused.value.code == 2 and "invalid choice: 'toy'" in capsys.readouterr().err
+
+
+def test_the_command_and_the_docs_offer_exactly_the_registered_formats() -> None:
+    """`--format`'s choices come from `EXPORT_FORMATS`; docs/data.md's table of formats is
+    written by hand and must say each one's help line, in the registry's order."""
+    argv = ["export", "--format", "x"]
+    action = next(a for a in build_parser(argv)._actions if a.dest == "command")
+    export_parser = action.choices["export"]  # type: ignore[index]
+    offered = next(a.choices for a in export_parser._actions if a.dest == "format")
+    assert list(offered or ()) == list(EXPORT_FORMATS)
+    table = re.findall(r"^\| `--format (\w+)` \| (.*) \|$", DATA_MD.read_text(), re.MULTILINE)
+    assert table == [(name, entry.help) for name, entry in EXPORT_FORMATS.items()], (
+        "docs/data.md's table of export formats"
+    )
+
+
 # -- exports at full size: split files, one shard at a time ------------------------------------
 
 
@@ -239,8 +308,9 @@ def test_export_reads_and_writes_shard_by_shard(fmt: str, tmp_path: Path) -> Non
     """Memory stays one shard whatever the version's size: after the first shards the memory in
     use when a shard is read grows by less than two shards, over 19 more shards, and each
     shard's rows are on disk before the next shard is read (nothing collects the version)."""
-    from streams.ops.export import ExportRules, FileSplit
-    from streams.ops.export import export as run_export
+    from streams.tools.export import ExportRules, FileSplit
+    from streams.tools.export import export as run_export
+    from streams.tools.export_formats import open_writer
 
     out = many_shards(tmp_path, shards=24, rows=50, long=600)
     output = tmp_path / "exported" / f"v1.{fmt}"
@@ -248,7 +318,7 @@ def test_export_reads_and_writes_shard_by_shard(fmt: str, tmp_path: Path) -> Non
     tracemalloc.start()
     try:
         baseline = tracemalloc.get_traced_memory()[0] + pa.total_allocated_bytes()
-        summary = run_export(reader, fmt, output, ExportRules(), FileSplit(rows=500))  # type: ignore[arg-type]
+        summary = run_export(reader, open_writer(fmt, output), ExportRules(), FileSplit(rows=500))
     finally:
         tracemalloc.stop()
     assert summary.written == 1200 and len(reader.allocated) == 24

@@ -6,10 +6,19 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from pydantic import TypeAdapter
 
+from sinks.shards import ShardStore
 from streams.cli.flags import build, settings_file
 from streams.cli.main import build_parser
-from streams.cli.run import TOKENIZE_FLAGS, RunResult, print_summary, write_settings
+from streams.cli.run import (
+    TOKENIZE_FLAGS,
+    RunResult,
+    not_built_before,
+    print_summary,
+    tokenize_group,
+    write_settings,
+)
 from streams.core.settings import (
     KafkaSettings,
     PublishSettings,
@@ -17,7 +26,9 @@ from streams.core.settings import (
     StorageSettings,
     TokenizeSettings,
 )
-from streams.ops.progress import DatasetFigures, DeadLetterTally
+from streams.core.settings.base import SafeName
+from streams.tools.progress import DatasetFigures, DeadLetterTally
+from tests.sinks.sink_harness import rows
 
 
 def run_tokenize_settings(tmp_path: Path, *flags: str) -> TokenizeSettings:
@@ -101,3 +112,38 @@ def test_summary_says_when_drift_was_not_measured(capsys: pytest.CaptureFixture[
     print_summary(RunResult(DatasetFigures(), DeadLetterTally(), 0, 0.1), "x", Path("w"))
     out = capsys.readouterr().out
     assert "drift        not measured" in out and "truncated" not in out
+
+
+def test_summary_says_how_many_prompts_were_generated_now_and_before(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    figures = DatasetFigures(samples=41)
+    print_summary(RunResult(figures, DeadLetterTally(), 41, 2.0), "x", Path("w"), before=41)
+    out = capsys.readouterr().out
+    assert "done in 2.0s: 41 prompts\n" in out
+    assert "  prompts      0 generated now, 41 from before (built from their stored" in out
+
+
+def test_a_new_version_gets_a_group_of_its_own_and_an_existing_one_keeps_its_own() -> None:
+    kafka = KafkaSettings(bootstrap="b:1", topic_prefix="t1-")
+    # a group named after the dataset alone may have read past earlier runs' completions
+    first, second = (tokenize_group(None, kafka, "sample") for _ in range(2))
+    assert first.startswith("draftgen-tokenize-sample-") and first != second
+    long = tokenize_group(None, kafka, "d" * 100)
+    assert TypeAdapter(SafeName).validate_python(long) == long  # a valid group_id
+    # the manifest holds the group with the topic prefix; the settings take it without
+    existing = {"consumer_group": "t1-draftgen-tokenize-sample-0a1b2c3d"}
+    assert tokenize_group(existing, kafka, "sample") == "draftgen-tokenize-sample-0a1b2c3d"
+    assert tokenize_group({}, kafka, "sample") == "draftgen-tokenize-sample"
+
+
+def test_a_run_into_an_existing_version_without_its_earlier_prompts_is_refused(
+    tmp_path: Path,
+) -> None:
+    store = ShardStore(str(tmp_path), "v1")
+    store.write_shard(0, 0, 0, rows("a"), generation=1)
+    existing = {"consumer_group": "g"}
+    assert not_built_before(existing, store, ["a"]) is None
+    assert not_built_before(None, store, ["a", "b"]) is None  # a new version reads them all
+    refused = not_built_before(existing, store, ["a", "b"])
+    assert refused is not None and refused.startswith("1 prompts were generated before")

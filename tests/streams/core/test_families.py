@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from streams.cli.main import build_parser
 from streams.core.families import (
     FAMILIES,
     GENERIC,
@@ -19,6 +21,8 @@ from streams.core.families import (
     register,
     unregister,
 )
+
+CONFIGURATION = Path(__file__).resolve().parents[3] / "docs" / "configuration.md"
 
 QWEN36_GENERATION = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}"
@@ -79,3 +83,17 @@ def test_the_registry_keeps_built_in_families_and_unique_names() -> None:
     assert family_for_model("Qwen/Qwen3.6-35B-A3B") is QWEN3
     assert family_for_model("meta-llama/Llama-3") is GENERIC
     assert family_for_model("Qwen/Qwen3.6", "kimi_k2") is KIMI_K2
+
+
+def test_the_family_setting_and_its_docs_offer_exactly_the_registered_families() -> None:
+    """`--family` takes its choices from the registry (`FAMILIES`); the docs' row is written by
+    hand, so a family registered in registry.py must be added to docs/configuration.md."""
+    registered = tuple(FAMILIES)
+    assert registered == ("kimi_k2", "qwen3", "generic")
+    for command in (["worker", "generate"], ["worker", "tokenize"]):
+        for name in registered:
+            argv = [*command, "--family", name]
+            assert build_parser(argv).parse_args(argv).family == name
+    row = re.search(r"^\| `--family ([^`]+)` \|", CONFIGURATION.read_text(), re.MULTILINE)
+    assert row is not None
+    assert tuple(row.group(1).split("\\|")) == registered, "docs/configuration.md's --family row"

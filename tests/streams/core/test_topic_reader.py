@@ -18,8 +18,8 @@ from streams.core.records import DeadLetter
 from streams.core.retry import Backoff
 from streams.core.settings import DEAD_LETTERS, GENERATED, WORKER_STATS, KafkaSettings
 from streams.core.topic_reader import TopicReader
-from streams.ops.heartbeat import HeartbeatReader, new_heartbeat
-from streams.ops.progress import DeadLetterReader
+from streams.observe.heartbeat import HeartbeatReader, new_heartbeat
+from streams.tools.progress import DeadLetterReader
 from tests.polling import wait_for_async
 
 KAFKA = KafkaSettings(bootstrap="127.0.0.1:9", topic_prefix="t-")

@@ -1,6 +1,6 @@
 """A family is one module: a toy family registered here (and nowhere else) is detected from its
 chat template, rendered by the tokenize stage, parsed by SGLang's parsers, picked from a model
-name and written by the emulator, with no change to any of them."""
+name, written by the emulator and taken by `--family`, with no change to any of them."""
 
 from __future__ import annotations
 
@@ -13,10 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from compose.emulator import EmulatorSettings
 from compose.emulator.generation import GenerationRequest, Generator
 from compose.emulator.model import EmulatedModel
+from streams.cli.flags import build
+from streams.cli.main import build_parser
 from streams.core.families import (
     FamilyProfile,
     ToolCall,
@@ -27,6 +30,7 @@ from streams.core.families import (
 from streams.core.families.base import Message, function_of, turn_parts
 from streams.core.parsers import parse, split_reasoning, tool_start_token
 from streams.core.records import CompletionRecord
+from streams.core.settings import TokenizeSettings
 from streams.core.tokenizers import load_tokenizer
 from streams.tokenize.samples import SampleBuilder
 from tests.ids import as_list
@@ -182,3 +186,26 @@ def test_an_unregistered_family_is_not_detected(toy_dir: Path) -> None:
         assert detect_family(toy_dir).name == "toy"
     assert detect_family(toy_dir).name == "generic"
     assert family_for_model("acme/Toy-1B").name == "generic"
+
+
+def test_the_command_line_and_the_settings_take_a_registered_family(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def settings() -> TokenizeSettings:
+        return TokenizeSettings(
+            tokenizer_dir="t", dataset="v", storage={"out": "o"}, kafka={"bootstrap": "h:1"}
+        )
+
+    argv = ["worker", "tokenize", "--tokenizer", "t", "--dataset", "v", "--out", "o"]
+    argv += ["--bootstrap", "h:1", "--family", "toy"]
+    with registered(TOY):
+        args = build_parser(argv).parse_args(argv)
+        assert build(TokenizeSettings, args).family == "toy"
+        monkeypatch.setenv("DRAFTGEN_FAMILY", "toy")  # a settings file or the environment
+        assert settings().family == "toy"
+    with pytest.raises(
+        ValidationError, match="'toy' is not a known model family: use one of kimi_k2"
+    ):
+        settings()
+    with pytest.raises(SystemExit):  # argparse: invalid choice
+        build_parser(argv).parse_args(argv)

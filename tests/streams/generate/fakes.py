@@ -22,7 +22,7 @@ from streams.core.settings import GenerateSettings, KafkaSettings
 from streams.generate.client import AUTH, DOWN, GenerationError, status_error
 from streams.generate.exact_ids import NO_IDS, IdsWay
 from streams.generate.ports import Ledger, PoisonCheck, ServerClient
-from streams.generate.worker import GenerateWorker
+from streams.generate.worker import GenerateWorker, generate_backoff
 from tests.fakes import TP, FakeEvent, Message
 from tests.polling import wait_for_async
 
@@ -83,6 +83,7 @@ class FakeClient:
         self.probes = 0
         self.closed = False
         self.server_version: str | None = None
+        self.server_kind = "sglang"
 
     async def discover(self) -> None:
         self._check_key()
@@ -248,12 +249,14 @@ def worker_for(
     """A worker on fakes; `limit`: its Kafka settings (message size limits)."""
     if limit is not None:
         overrides["kafka"] = limit
+    worker_settings = settings(**overrides)
     return GenerateWorker(
-        settings(**overrides),
+        worker_settings,
         client,
         kafka.send,
         COMPLETIONS,
         DEAD,
+        backoff=generate_backoff(worker_settings),
         ledger=ledger,
         ledger_topic=LEDGER,
         guard=guard,

@@ -13,7 +13,7 @@ import pytest
 from streams.core.records import PromptRecord
 from streams.core.settings import GenerateSettings, KafkaSettings
 from streams.generate.client import AUTH, DOWN, SGLangClient
-from streams.generate.worker import GenerateWorker
+from streams.generate.worker import GenerateWorker, generate_backoff
 from tests.polling import wait_for_async
 
 StartEmulator = Callable[..., AbstractAsyncContextManager[Any]]
@@ -62,12 +62,14 @@ def test_a_refused_key_pauses_at_start_and_on_requests_until_the_server_takes_it
     async def scenario() -> None:
         async with start_emulator("qwen36", api_key=SERVER_KEY) as emu:
             model = emu.engine.settings.model if with_model else None
+            worker_settings = settings(emu.base_url, model=model)
             worker = GenerateWorker(
-                settings(emu.base_url, model=model),
+                worker_settings,
                 SGLangClient(settings(emu.base_url, model=model)),
                 send,
                 "completions",
                 "dead-letters",
+                backoff=generate_backoff(worker_settings),
             )
             worker.start_soon()
             await until(lambda: worker.stats.paused_for == AUTH, "paused for the key")

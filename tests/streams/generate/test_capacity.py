@@ -23,7 +23,7 @@ from streams.cli.main import build_parser
 from streams.core.settings import DEFAULT_CONCURRENCY, GenerateSettings, KafkaSettings
 from streams.generate.capacity import running_cap
 from streams.generate.client import SGLangClient
-from streams.generate.worker import GenerateWorker
+from streams.generate.worker import GenerateWorker, generate_backoff
 
 
 @pytest.mark.parametrize(
@@ -101,7 +101,9 @@ async def started_concurrency(url: str, concurrency: Any) -> int:
     settings = GenerateSettings(
         server=url, kafka=KafkaSettings(bootstrap="127.0.0.1:9"), concurrency=concurrency
     )
-    worker = GenerateWorker(settings, SGLangClient(settings), _no_send, "c", "d")
+    worker = GenerateWorker(
+        settings, SGLangClient(settings), _no_send, "c", "d", backoff=generate_backoff(settings)
+    )
     await worker.start()
     try:
         return worker.concurrency

@@ -17,7 +17,7 @@ from streams.core.records import PromptRecord
 from streams.core.settings import GenerateSettings, KafkaSettings
 from streams.generate.client import SGLangClient
 from streams.generate.exact_ids import PROBE_REQUEST, find_ids, way_of
-from streams.generate.worker import GenerateWorker
+from streams.generate.worker import GenerateWorker, generate_backoff
 
 StartEmulator = Callable[..., AbstractAsyncContextManager[Any]]
 
@@ -64,7 +64,14 @@ def test_ids_reach_the_completion_record(
                 server=emu.base_url, kafka=KafkaSettings(bootstrap="127.0.0.1:9")
             )
             client = SGLangClient(settings)
-            worker = GenerateWorker(settings, client, _no_send, "completions", "dead-letters")
+            worker = GenerateWorker(
+                settings,
+                client,
+                _no_send,
+                "completions",
+                "dead-letters",
+                backoff=generate_backoff(settings),
+            )
             with caplog.at_level(logging.INFO, logger="streams.generate.worker"):
                 await worker.start()
             messages = [{"role": "user", "content": "Explain write-ahead logs."}]

@@ -18,7 +18,7 @@ from streams.core.settings import GenerateSettings, KafkaSettings
 from streams.core.tokenizers import load_tokenizer
 from streams.generate.client import SGLangClient
 from streams.generate.native import NativeChat
-from streams.generate.worker import GenerateWorker
+from streams.generate.worker import GenerateWorker, generate_backoff
 from tests.weather import WEATHER_HISTORY, WEATHER_TOOLS
 
 StartEmulator = Callable[..., AbstractAsyncContextManager[Any]]
@@ -35,7 +35,14 @@ async def _no_send(topic: str, key: bytes, value: bytes) -> None:
 
 async def complete(settings: GenerateSettings, prompt: PromptRecord) -> CompletionRecord:
     client = SGLangClient(settings)
-    worker = GenerateWorker(settings, client, _no_send, "completions", "dead-letters")
+    worker = GenerateWorker(
+        settings,
+        client,
+        _no_send,
+        "completions",
+        "dead-letters",
+        backoff=generate_backoff(settings),
+    )
     await worker.start()
     try:
         return await client.complete(prompt)

@@ -29,6 +29,7 @@ from streams.core.records import CompletionRecord
 from streams.core.serving import (
     BY_NAME,
     NEWEST,
+    NEWEST_VLLM,
     PROFILE_NAMES,
     detect_content_format,
 )
@@ -39,7 +40,9 @@ from streams.generate.native import NativeChat
 from streams.tokenize.samples import Sample, SampleBuilder
 from tests.streams.generate.normalization_cases import (
     CASES,
+    HISTORY,
     SAMPLES,
+    WEATHER,
     Case,
 )
 
@@ -80,9 +83,13 @@ def _bodies(target: Target, cases: list[Case]) -> list[dict[str, Any]]:
     return bodies
 
 
-def served_prompt_ids(target: Target, version: str, cases: list[Case]) -> list[list[int] | str]:
+def served_prompt_ids(
+    target: Target, version: str, cases: list[Case], kind: str = "sglang"
+) -> list[list[int] | str]:
     """The prompt ids the emulated server's chat endpoint used for each case (or its error)."""
-    settings = EmulatorSettings(tokenizer_dir=target.directory, sglang_version=version)
+    settings = EmulatorSettings(
+        tokenizer_dir=target.directory, kind=kind, sglang_version=version, vllm_version=version
+    )
 
     async def run() -> list[list[int] | str]:
         server = TestServer(build_app(settings, target.model), host="127.0.0.1")
@@ -104,6 +111,12 @@ def served_prompt_ids(target: Target, version: str, cases: list[Case]) -> list[l
     return asyncio.run(asyncio.wait_for(run(), 120))
 
 
+def version_of(profile: str) -> str:
+    """A release the profile describes (the oldest ones start at version 0)."""
+    oldest = {"sglang-0.5.1": "0.5.1", "vllm-0.11": "0.11.0"}
+    return oldest.get(profile) or ".".join(map(str, BY_NAME[profile].since))
+
+
 def worker_prompt_ids(target: Target, profile: str, case: Case) -> list[int] | str:
     native = NativeChat(target.loaded, thinking=True, normalization=BY_NAME[profile])
     try:
@@ -121,9 +134,9 @@ def test_every_case_renders_to_the_chat_endpoints_ids(
     targets: dict[str, Target], family: str, profile: str
 ) -> None:
     target = targets[family]
-    version = ".".join(map(str, BY_NAME[profile].since)) if profile != "sglang-0.5.1" else "0.5.1"
     names = sorted(CASES)
-    served = served_prompt_ids(target, version, [CASES[n] for n in names])
+    kind = BY_NAME[profile].kind
+    served = served_prompt_ids(target, version_of(profile), [CASES[n] for n in names], kind)
     for name, server_ids in zip(names, served, strict=True):
         if isinstance(server_ids, str):
             # the server refused it (e.g. 0.5.1 hands Qwen's template argument text, which it
@@ -146,6 +159,35 @@ def test_the_profiles_render_tools_differently(targets: dict[str, Target]) -> No
     renders = {p: worker_prompt_ids(target, p, CASES["tools"]) for p in PROFILE_NAMES}
     assert renders["sglang-0.5.23"] != renders["sglang-0.5.11"] != renders["sglang-0.5.9"]
     assert renders["sglang-0.5.9"] != renders["sglang-0.5.4"]
+    # vLLM dumps its own tool models: neither SGLang's nor the request's
+    assert renders["vllm-0.33"] not in (renders["sglang-0.5.23"], renders["sglang-0.5.11"])
+
+
+def test_the_vllm_profiles_differ_where_their_releases_do(targets: dict[str, Target]) -> None:
+    """History reasoning reaches the template from 0.12; list content is "openai" for the Qwen
+    template from 0.22 (a string's text becomes a part); Kimi's goes back to "string" from
+    0.30 (vLLM's detector follows macros); not-JSON arguments are a 400 until 0.29."""
+    qwen, kimi = targets["qwen36"], targets["kimi_k26"]
+    history = CASES["tool_results_typed_arguments"]
+    assert worker_prompt_ids(qwen, "vllm-0.11", history) != worker_prompt_ids(
+        qwen, "vllm-0.12", history
+    )
+    formats = {
+        p: tuple(BY_NAME[p].template_content_format(t.model.chat_template) for t in (qwen, kimi))
+        for p in ("vllm-0.20", "vllm-0.22", "vllm-0.30")
+    }
+    assert formats == {
+        "vllm-0.20": ("string", "string"),
+        "vllm-0.22": ("openai", "openai"),
+        "vllm-0.30": ("openai", "string"),
+    }
+    bad = Case([*HISTORY[:1], {**HISTORY[1], "tool_calls": [_not_json()]}], [WEATHER])
+    assert isinstance(worker_prompt_ids(qwen, "vllm-0.22", bad), str)  # a 400
+    assert isinstance(worker_prompt_ids(qwen, "vllm-0.29", bad), list)  # rendered with {}
+
+
+def _not_json() -> dict[str, Any]:
+    return {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": "{"}}
 
 
 @pytest.mark.parametrize("family", ["qwen36", "kimi_k26"])
@@ -191,13 +233,24 @@ def test_bundled_prompts_render_as_the_server_and_the_tokenize_stage(
         ("0.5.8", None, "sglang-0.5.4"),
         ("0.5.3", None, "sglang-0.5.1"),
         ("0.5.12", "sglang-0.5.23", "sglang-0.5.23"),
+        ("vllm 0.34.0", None, "vllm-0.33"),
+        ("vllm 0.28.0", None, "vllm-0.22"),
+        ("vllm 0.9.2", None, "vllm-0.11"),
+        ("vllm 0.34.0", "vllm-0.12", "vllm-0.12"),
     ],
 )
 def test_the_worker_takes_the_profile_of_the_reported_version(
     targets: dict[str, Target], version: str, forced: str | None, expected: str
 ) -> None:
+    """SGLang says its version in /server_info, vLLM in /version ("vllm X" below)."""
     target = targets["qwen36"]
-    settings = EmulatorSettings(tokenizer_dir=target.directory, sglang_version=version)
+    kind, _, version = version.rpartition(" ")
+    settings = EmulatorSettings(
+        tokenizer_dir=target.directory,
+        kind=kind or "sglang",
+        sglang_version=version,
+        vllm_version=version,
+    )
 
     async def run() -> tuple[str, str | None, str]:
         server = TestServer(build_app(settings, target.model), host="127.0.0.1")
@@ -271,16 +324,20 @@ def replace_ids(record: CompletionRecord, prompt: list[int], output: list[int]) 
     return dataclasses.replace(record, prompt_token_ids=prompt, output_token_ids=output)
 
 
-@pytest.mark.parametrize("api", ["chat", "native"])
+@pytest.mark.parametrize(
+    ("api", "kind"), [("chat", "sglang"), ("native", "sglang"), ("chat", "vllm")]
+)
 @pytest.mark.parametrize("family", ["qwen36", "kimi_k26"])
-def test_bundled_prompts_do_not_drift(targets: dict[str, Target], family: str, api: str) -> None:
+def test_bundled_prompts_do_not_drift(
+    targets: dict[str, Target], family: str, api: str, kind: str
+) -> None:
     """`draftgen run`'s path without Kafka: the 41 bundled prompts generated by the client
-    against the emulator (SGLang 0.5.23; some answers are tool calls), then built by the
-    tokenize stage with the drift check: no sample drifts."""
+    against the emulator (SGLang 0.5.23 or vLLM 0.34.0; some answers are tool calls), then
+    built by the tokenize stage with the drift check: no sample drifts."""
     target = targets[family]
     rows = [json.loads(line) for line in SAMPLES.read_text().splitlines() if line.strip()]
     prompts = [make_prompt_record(row, "samples") for row in rows]
-    settings = EmulatorSettings(tokenizer_dir=target.directory, tool_call_rate=0.5)
+    settings = EmulatorSettings(tokenizer_dir=target.directory, tool_call_rate=0.5, kind=kind)
 
     async def run() -> list[CompletionRecord]:
         server = TestServer(build_app(settings, target.model), host="127.0.0.1")
@@ -306,7 +363,13 @@ def test_bundled_prompts_do_not_drift(targets: dict[str, Target], family: str, a
 
     records = asyncio.run(asyncio.wait_for(run(), 300))
     records = [CompletionRecord.decode(r.encode()) for r in records]
-    assert {r.normalization for r in records} == {NEWEST.name}
+    assert {r.normalization for r in records} == {
+        (NEWEST if kind == "sglang" else NEWEST_VLLM).name
+    }
+    if api == "chat":  # the server's ids, not a rendering
+        assert all(
+            r.prompt_token_ids is not None and r.output_token_ids is not None for r in records
+        )
     if api == "chat":  # /generate gets ids only: its emulated model writes no tool calls
         assert any(r.tool_calls for r in records)  # the turn side is exercised too
     builder = SampleBuilder(target.loaded.tokenizer, target.loaded.profile)

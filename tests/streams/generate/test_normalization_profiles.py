@@ -1,6 +1,6 @@
-"""What each normalization profile (streams/core/serving.py) hands the chat template: tool and
-message dumps, keyword arguments, per SGLang version (issue 26); the agreement with the server
-is test_normalization.py's."""
+"""What each normalization profile (streams/core/serving/) hands the chat template: tool and
+message dumps, keyword arguments, per SGLang version (issue 26) and vLLM version (issue 34); the
+agreement with the server is test_normalization.py's."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ import pytest
 from streams.core.serving import (
     BY_NAME,
     NEWEST,
+    NEWEST_VLLM,
     PROFILE_NAMES,
-    PROFILES,
+    SGLANG_PROFILES,
+    VLLM_PROFILES,
     NormalizationError,
     profile_for_version,
 )
@@ -31,11 +33,63 @@ def test_profile_for_version() -> None:
     # no version, or none we can read: the newest
     assert profile_for_version(None) is NEWEST
     assert profile_for_version("emulator") is NEWEST
+    # vLLM's versions count in vLLM's profiles
+    assert profile_for_version("0.34.0", "vllm").name == "vllm-0.33"
+    assert profile_for_version("0.32.0", "vllm").name == "vllm-0.30"
+    assert profile_for_version("0.29.0", "vllm").name == "vllm-0.29"
+    assert profile_for_version("0.21.0", "vllm").name == "vllm-0.20"
+    assert profile_for_version("0.19.1", "vllm").name == "vllm-0.12"
+    assert profile_for_version("0.10.2", "vllm").name == "vllm-0.11"
+    assert profile_for_version(None, "vllm") is NEWEST_VLLM
 
 
 def test_settings_offer_every_profile() -> None:
     assert typing.get_args(Normalization) == PROFILE_NAMES
-    assert [p.name for p in PROFILES][-1] == NEWEST.name
+    assert SGLANG_PROFILES[-1] is NEWEST
+    assert VLLM_PROFILES[-1] is NEWEST_VLLM
+    assert {p.kind for p in SGLANG_PROFILES} == {"sglang"}
+    assert {p.kind for p in VLLM_PROFILES} == {"vllm"}
+
+
+def test_vllm_hands_the_template_its_own_dumps() -> None:
+    """vLLM 0.34: every tool (also for a named or "none" tool_choice) as its models dump it,
+    messages rebuilt with a user's `name`, reasoning under both names, arguments parsed (an
+    empty one as {}), text parts joined with "\n" (string format) or kept as parts."""
+    tools = NEWEST_VLLM.tools([WEATHER, QUERY, BARE], {"function": {"name": "ping"}})
+    assert tools == [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather for a city",
+                "parameters": WEATHER["function"]["parameters"],
+            },
+        },
+        {"type": "function", "function": {**QUERY["function"]}},
+        {"type": "function", "function": {"name": "ping", "description": None, "parameters": None}},
+    ]
+    assert list(tools[0]["function"]) == ["name", "description", "parameters"]
+    assert NEWEST_VLLM.tools([WEATHER], "none") is not None
+    empty = {"id": "c", "type": "function", "function": {"name": "ping", "arguments": ""}}
+    history = {**HISTORY[1], "tool_calls": [*HISTORY[1]["tool_calls"], empty]}
+    messages = NEWEST_VLLM.messages(
+        [{"role": "user", "name": "alice", "content": "Hi"}, history], "string"
+    )
+    assert messages[0] == {"role": "user", "content": "Hi", "name": "alice"}
+    assert messages[1]["reasoning"] == messages[1]["reasoning_content"] == "Two calls."
+    calls = messages[1]["tool_calls"]
+    assert calls[0]["function"] == {"arguments": {"city": "Oslo", "days": 2}, "name": "get_weather"}
+    assert calls[-1]["function"]["arguments"] == {}
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    user = {"role": "user", "content": parts}
+    assert NEWEST_VLLM.messages([user], "string")[0]["content"] == "a\nb"
+    assert NEWEST_VLLM.messages([{"role": "user", "content": "a"}], "openai")[0]["content"] == [
+        {"type": "text", "text": "a"}
+    ]
+    tool = {"role": "tool", "tool_call_id": "c", "content": parts}
+    assert NEWEST_VLLM.messages([tool], "openai")[0]["content"] == "a\nb"
+    assert BY_NAME["vllm-0.12"].messages([tool], "openai")[0]["content"] == parts
+    assert BY_NAME["vllm-0.11"].messages([HISTORY[1]])[0].get("reasoning") is None
 
 
 # -- what each profile hands the template ---------------------------------------------------

@@ -14,7 +14,7 @@ from streams.core.settings import GenerateSettings, KafkaSettings
 from streams.generate import regen
 from streams.generate.client import GenerationError
 from streams.generate.outputs import Completion, Letter
-from streams.generate.worker import GenerateWorker
+from streams.generate.worker import GenerateWorker, generate_backoff
 from tests.streams.generate.fakes import FakeClient
 
 SYSTEM = {"role": "system", "content": "Be brief."}
@@ -212,7 +212,9 @@ def make_worker(model: FakeModel) -> GenerateWorker:
     async def send(topic: str, key: bytes, value: bytes) -> None:
         raise AssertionError("process_all does not send")
 
-    worker = GenerateWorker(settings, model, send, "completions", "dead")
+    worker = GenerateWorker(
+        settings, model, send, "completions", "dead", backoff=generate_backoff(settings)
+    )
     worker.gate.open()
     return worker
 

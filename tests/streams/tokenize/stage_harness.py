@@ -72,6 +72,7 @@ class Stage:
         tmp_path: Path,
         generation: int = 0,
         guard: CrashGuard | None = None,
+        prompts: frozenset[str] | None = None,
         **settings: Any,
     ):
         self.log: list[tuple[Any, ...]] = []
@@ -90,6 +91,7 @@ class Stage:
             clock=self.clock,
             generation=lambda: generation,
             guard=guard,
+            prompts=prompts,
         )
         self.offset = 0
 

@@ -7,11 +7,13 @@ import json
 import logging
 import os
 import sysconfig
+import unicodedata
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -87,6 +89,36 @@ def test_twin_encodes_any_text_as_the_tokenizer(
 ) -> None:
     for twin, tokenizer in twins:
         assert twin.encode(text) == tokenizer.reference([text])[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=TEXT, cut=st.integers(0, 1000))
+def test_ids_spell_their_text_and_no_other(
+    twins: list[tuple[BpeTwin, TextEncoder]], text: str, cut: int
+) -> None:
+    """Any spelling of a text spells it (a decode: canonical or not); an NFC text is spelled by
+    its encoding; another text, or the same characters with an added token spelled out, not."""
+    for twin, tokenizer in twins:
+        ids = np.array(tokenizer.reference([text])[0], dtype=np.int32)
+        if unicodedata.is_normalized("NFC", text):
+            assert twin.spells(ids, text)
+        if not twin.spells(ids, text):
+            continue
+        assert not twin.spells(ids, text + "x")
+        assert not (len(ids) and twin.spells(ids[:-1], text))
+        # one token spelled as its bytes' tokens: the same text, not the encoding
+        ids_list = ids.tolist()
+        at = cut % len(ids_list) if ids_list else 0
+        if ids_list and ids_list[at] not in twin.added.values():
+            piece = twin.encoding.decode_single_token_bytes(ids_list[at])
+            spelled = [twin.encoding.encode_single_token(bytes([b])) for b in piece]
+            respelled = [*ids_list[:at], *spelled, *ids_list[at + 1 :]]
+            assert twin.spells(np.array(respelled, np.int32), text)
+        for added, added_id in twin.added.items():  # its characters as plain tokens: no
+            if added_id in ids_list:
+                at = ids_list.index(added_id)
+                plain = [*ids_list[:at], *twin.encoding.encode_ordinary(added), *ids_list[at + 1 :]]
+                assert not twin.spells(np.array(plain, np.int32), text)
 
 
 def test_twin_batches_keep_the_order_of_texts(qwen_tiny: Any) -> None:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from streams.core.records import CompletionRecord
 from streams.core.serving import NEWEST
-from streams.tokenize.drift import drift_cause
+from streams.tokenize.drift import drift_cause, first_difference
 from streams.tokenize.sample_types import Ids
 from streams.tokenize.samples import (
     DriftCause,
@@ -164,3 +164,56 @@ def test_drift_not_measured_when_rendering_fails(families: dict[str, Family]) ->
 
 
 # --- errors --------------------------------------------------------------------------------
+
+
+# --- the server's prompt ids standing for the prompt's encoding ------------------------------
+
+
+def _respelled(fam: Family, ids: list[int]) -> list[int]:
+    """The same text, its first token of several bytes spelled as its bytes' tokens: not the
+    tokenizer's encoding (as a server with another tokenizer would give)."""
+    tokens = fam.tokenizer.convert_ids_to_tokens(ids)
+    at = next(i for i, t in enumerate(tokens) if len(t) > 1 and not t.startswith("<|"))
+    return [*ids[:at], *fam.tokenizer.convert_tokens_to_ids(list(tokens[at])), *ids[at + 1 :]]
+
+
+def test_a_prompt_the_server_spells_is_not_encoded_again(families: dict[str, Family]) -> None:
+    qwen = families["qwen36"]
+    completion, _, _ = drifted(qwen)
+    builder = qwen.builder()
+    encoded: list[str] = []
+    encode_batch = builder.encoder.encode_batch
+
+    def spy(texts: Any) -> list[list[int]]:
+        encoded.extend(texts)
+        return encode_batch(texts)
+
+    builder.encoder.encode_batch = spy  # type: ignore[method-assign]
+    samples = builder.build_many([completion] * 3)
+    assert [s.drift for s in samples if isinstance(s, Sample)] == [False] * 3
+    assert encoded and builder.render_prompt(completion) not in encoded
+    assert builder.trust_server_prompts
+
+
+def test_prompt_ids_that_spell_but_do_not_encode_the_prompt_drift_and_end_the_trust(
+    families: dict[str, Family], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Checked on one prompt a batch (here the only one) and on every drifted sample: the
+    drift is named as before, and every prompt is encoded from then on."""
+    qwen = families["qwen36"]
+    completion, prompt, output = drifted(qwen)
+    other = _respelled(qwen, prompt)
+    builder = qwen.builder()
+    with caplog.at_level("WARNING"):
+        sample = builder.build(replace(completion, prompt_token_ids=other))
+    assert sample.drift is True and sample.drift_cause is not None
+    assert sample.drift_cause.side == "prompt"
+    assert sample.drift_position == first_difference(np.array(prompt), np.array(other))
+    assert not builder.trust_server_prompts
+    assert "encoding every prompt from now on" in caplog.text
+    # a drifted sample that is not the batch's checked prompt: re-encoded, its prompt named
+    later = qwen.builder()
+    respelled_and_drifted = replace(completion, prompt_token_ids=other, output_token_ids=output[1:])
+    samples = later.build_many([completion, respelled_and_drifted])
+    assert isinstance(samples[1], Sample) and samples[1].drift_cause is not None
+    assert samples[1].drift_cause.side == "prompt" and not later.trust_server_prompts

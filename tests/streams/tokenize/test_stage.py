@@ -206,3 +206,24 @@ def test_the_crash_point_fires_after_the_marker_and_before_the_acks(tmp_path: Pa
         asyncio.run(run())
     assert [m.prompt_ids for m in stage.store.markers()] == [["a", "b"]]
     assert stage.acks() == []
+
+
+def test_a_worker_given_its_prompts_writes_only_theirs_and_acks_the_others(
+    tmp_path: Path,
+) -> None:
+    # what `run` gives its workers: the version holds the run's prompts, not the whole topic
+    stage = Stage(tmp_path, shard_max_records=6, prompts=frozenset({"a", "conv"}))
+
+    async def run() -> None:
+        await stage.complete("a")
+        await stage.complete("other")  # another source's prompt, stored before
+        await stage.complete("conv-t1of2")  # a turn of a conversation of the run
+        await stage.add(b"{not json", key=b"stranger")  # not ours: not even its dead letter
+        await stage.add(b"\xff\xfe")  # no key: no prompt of the run
+        await stage.complete("a", last=9)  # latest answer wins, as without a filter
+
+    asyncio.run(run())
+    assert stage.outcomes() == ([("a", 9), ("conv-t1of2", 5)], {})
+    assert stage.letters() == []
+    assert stage.acks() == [0, 1, 2, 3, 4, 5]
+    assert stage.worker.stats.samples == 2 and stage.worker.stats.dead_letters == 0

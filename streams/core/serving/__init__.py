@@ -1,0 +1,92 @@
+"""What a server's chat endpoint does to a request before the chat template, per server and
+version: SGLang's profiles (sglang.py) and vLLM's (vllm.py), one per version range.
+
+A prompt rendered any other way than the server renders it is another prompt: the drift check,
+the rendered path, `--api native` and the emulator all prepare requests with these profiles. A
+profile is chosen from what the server reports (SGLang's `/server_info` `version`, vLLM's
+`/version`), the newest SGLang one when it reports none (`profile_for_version`), or forced by
+name (`--normalization`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from streams.core.serving.base import ContentFormat, NormalizationError, ServerNormalization
+from streams.core.serving.sglang import SGLANG_PROFILES, SglangNormalization, detect_content_format
+from streams.core.serving.vllm import VLLM_PROFILES, VllmNormalization, detect_vllm_content_format
+
+SGLANG = "sglang"
+VLLM = "vllm"
+# every profile: SGLang's, then vLLM's, each newest last
+PROFILES: tuple[ServerNormalization, ...] = (*SGLANG_PROFILES, *VLLM_PROFILES)
+BY_NAME: dict[str, ServerNormalization] = {p.name: p for p in PROFILES}
+PROFILE_NAMES: tuple[str, ...] = tuple(BY_NAME)
+# the default: records written before profiles, servers that report no version
+NEWEST: ServerNormalization = SGLANG_PROFILES[-1]
+NEWEST_VLLM: ServerNormalization = VLLM_PROFILES[-1]
+_BY_KIND: dict[str, tuple[ServerNormalization, ...]] = {
+    SGLANG: SGLANG_PROFILES,
+    VLLM: VLLM_PROFILES,
+}
+_VERSION = re.compile(r"v?(\d+(?:\.\d+)*)")
+
+
+def parse_version(text: Any) -> tuple[int, ...] | None:
+    """`0.5.23`, `v0.5.23.post1`, `0.5.23rc0+cu128` → (0, 5, 23); None when not a version."""
+    if not isinstance(text, str):
+        return None
+    match = _VERSION.match(text.strip())
+    if match is None:
+        return None
+    return tuple(int(part) for part in match.group(1).split("."))
+
+
+def profile_for_version(version: Any, kind: str = SGLANG) -> ServerNormalization:
+    """The profile of a version a server of `kind` reports; its newest for an unknown one."""
+    profiles = _BY_KIND[kind]
+    parsed = parse_version(version)
+    if parsed is None:
+        return profiles[-1]
+    chosen = profiles[0]
+    for profile in profiles:
+        if parsed >= profile.since:
+            chosen = profile
+    return chosen
+
+
+def profile_named(name: str | None) -> ServerNormalization:
+    """A profile by name; the newest SGLang one for None or "" (records written before
+    profiles)."""
+    if not name:
+        return NEWEST
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown normalization profile {name!r}; known: {', '.join(PROFILE_NAMES)}"
+        ) from None
+
+
+__all__ = [
+    "BY_NAME",
+    "NEWEST",
+    "NEWEST_VLLM",
+    "PROFILES",
+    "PROFILE_NAMES",
+    "SGLANG",
+    "SGLANG_PROFILES",
+    "VLLM",
+    "VLLM_PROFILES",
+    "ContentFormat",
+    "NormalizationError",
+    "ServerNormalization",
+    "SglangNormalization",
+    "VllmNormalization",
+    "detect_content_format",
+    "detect_vllm_content_format",
+    "parse_version",
+    "profile_for_version",
+    "profile_named",
+]

@@ -1,1 +1,0 @@
-"""Operations: status, metrics, heartbeats, progress and dead-letter reading."""

@@ -1,0 +1,423 @@
+"""What `draftgen status` shows, as plain data, and how: the arithmetic (lag, per-server
+aggregates of heartbeats, ETA) and the rendering (aligned text, JSON). No I/O here."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from streams.generate.stats import AUTH, DOWN
+from streams.observe.figures import Figure
+from streams.observe.heartbeat import Heartbeat
+from streams.tools import worker_figures as fig
+from streams.tools.formatting import count, duration, percent, rate, table
+
+# A worker whose last heartbeat is older than this is not shown at all (it is long gone).
+FORGET_AFTER_S = 600.0
+
+
+@dataclass
+class DatasetRow:
+    dataset: str
+    samples: int
+    tokens: int
+    loss_tokens: int
+    shards: int
+    duplicates: int
+    # drift report (JSON only): samples compared with the server's ids, drifted, top causes
+    compared: int = 0
+    drifted: int = 0
+    drift_causes: dict[str, int] = field(default_factory=dict)
+    # samples by the SGLang preprocessing profile their prompt was rendered with
+    # (streams/core/serving/; "" for completions written before profiles)
+    normalizations: dict[str, int] = field(default_factory=dict)
+    # the version's recorded drops (policy_* and the tokenize stage's errors), by kind: each
+    # prompt once, unlike the dead-letters topic, which every version under the prefix shares
+    drops: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class GroupLag:
+    group: str
+    topic: str  # without the topic prefix: prompts | completions
+    committed: int  # summed over partitions; a partition with no commit counts from its start
+    end: int
+    lag: int
+
+
+@dataclass
+class ServerRow:
+    """One SGLang server: the sum of its live generate workers' latest heartbeats."""
+
+    server: str
+    workers: int
+    stale: bool  # no live worker, only recent stale heartbeats
+    in_flight: int
+    paused: bool
+    # why, when paused: "auth" (the server refuses the API key) or "down"
+    paused_for: str | None
+    requests_per_s: float
+    completed_per_s: float
+    dead_letters_per_s: float
+    output_tokens_per_s: float
+    error_rate: float | None  # failed / sent over the rate window; None: nothing sent
+    requests: int
+    completed: int
+    dead_letters: int
+    output_tokens: int
+    errors: dict[str, int]
+    last_seen_s: float
+    metrics_urls: list[str]
+    # how the server returns exact token ids, as its workers found (None: not known yet)
+    exact_ids: str | None = None
+
+
+@dataclass
+class TokenizerRow:
+    dataset: str
+    workers: int
+    stale: bool
+    samples_per_s: float
+    tokens_per_s: float
+    samples: int
+    tokens: int
+    duplicates: int
+    dead_letters: int
+    last_seen_s: float
+    metrics_urls: list[str]
+
+
+@dataclass
+class Eta:
+    remaining: int | None  # prompts not yet done by the generate group (its lag)
+    rate_per_s: float | None  # prompts finished per second, recently
+    rate_basis: str  # heartbeats | offsets | none
+    seconds: float | None  # None: unknown (no rate yet)
+
+
+@dataclass
+class StatusSnapshot:
+    time: float
+    bootstrap: str
+    topic_prefix: str
+    published: int  # sum of the prompts topic's end offsets: every record ever written
+    completions: int  # the same for completions
+    out: str | None = None
+    datasets: list[DatasetRow] = field(default_factory=list)
+    dead_letters: dict[tuple[str, str], int] = field(default_factory=dict)
+    groups: list[GroupLag] = field(default_factory=list)
+    servers: list[ServerRow] = field(default_factory=list)
+    tokenizers: list[TokenizerRow] = field(default_factory=list)
+    eta: Eta = field(default_factory=lambda: Eta(None, None, "none", None))
+
+
+# -- arithmetic ----------------------------------------------------------------------------------
+
+
+def group_lag(
+    group: str,
+    topic: str,
+    committed: dict[int, int],
+    beginning: dict[int, int],
+    end: dict[int, int],
+) -> GroupLag:
+    """Lag of one group on one topic. A partition the group never committed (or whose commit
+    fell behind retention) is counted from the partition's first retained offset."""
+    done = 0
+    lag = 0
+    for partition, last in end.items():
+        start = beginning.get(partition, 0)
+        position = committed.get(partition, -1)
+        position = start if position < start else min(position, last)
+        done += position
+        lag += last - position
+    return GroupLag(group, topic, done, sum(end.values()), lag)
+
+
+def _split_by_label(
+    beats: Iterable[Heartbeat], role: str, now: float
+) -> dict[str, tuple[list[Heartbeat], list[Heartbeat]]]:
+    """label -> (live heartbeats, stale-but-recent heartbeats)."""
+    by_label: dict[str, tuple[list[Heartbeat], list[Heartbeat]]] = {}
+    for beat in beats:
+        if beat.role != role or beat.age(now) > FORGET_AFTER_S:
+            continue
+        live, stale = by_label.setdefault(beat.label, ([], []))
+        (live if beat.live(now) else stale).append(beat)
+    return by_label
+
+
+def _sum(beats: Sequence[Heartbeat], declared: Figure) -> float:
+    return sum(b.figure(declared) for b in beats)
+
+
+def _rate(beats: Sequence[Heartbeat], declared: Figure) -> float:
+    return sum(b.rate(declared) for b in beats)
+
+
+def server_rows(beats: Iterable[Heartbeat], now: float) -> list[ServerRow]:
+    rows = []
+    for server, (live, stale) in sorted(_split_by_label(beats, "generate", now).items()):
+        # Rates and gauges only from live workers; a stale worker's last counters still tell
+        # what it did, so they are shown when it is all there is.
+        shown = live or [max(stale, key=lambda b: b.time)]
+        requests_rate = _rate(live, fig.REQUESTS)
+        errors: dict[str, int] = {}
+        for beat in shown:
+            for kind, times in beat.errors.items():
+                errors[kind] = errors.get(kind, 0) + int(times)
+        rows.append(
+            ServerRow(
+                server=server,
+                workers=len(live),
+                stale=not live,
+                in_flight=int(_sum(live, fig.IN_FLIGHT)),
+                paused=any(b.figure(fig.PAUSED) for b in live),
+                paused_for=_paused_for(live),
+                requests_per_s=requests_rate,
+                completed_per_s=_rate(live, fig.COMPLETED),
+                dead_letters_per_s=_rate(live, fig.DEAD_LETTERS),
+                output_tokens_per_s=_rate(live, fig.OUTPUT_TOKENS),
+                error_rate=(_rate(live, fig.FAILED) / requests_rate if requests_rate > 0 else None),
+                requests=int(_sum(shown, fig.REQUESTS)),
+                completed=int(_sum(shown, fig.COMPLETED)),
+                dead_letters=int(_sum(shown, fig.DEAD_LETTERS)),
+                output_tokens=int(_sum(shown, fig.OUTPUT_TOKENS)),
+                errors=errors,
+                last_seen_s=min(b.age(now) for b in shown),
+                metrics_urls=sorted(b.metrics_url for b in shown if b.metrics_url),
+                exact_ids=next((n for b in shown if (n := b.notes.get(fig.EXACT_IDS))), None),
+            )
+        )
+    return rows
+
+
+def _paused_for(live: Sequence[Heartbeat]) -> str | None:
+    if any(b.figure(fig.PAUSED_AUTH) for b in live):
+        return AUTH
+    return DOWN if any(b.figure(fig.PAUSED) for b in live) else None
+
+
+def tokenizer_rows(beats: Iterable[Heartbeat], now: float) -> list[TokenizerRow]:
+    rows = []
+    for dataset, (live, stale) in sorted(_split_by_label(beats, "tokenize", now).items()):
+        shown = live or [max(stale, key=lambda b: b.time)]
+        rows.append(
+            TokenizerRow(
+                dataset=dataset,
+                workers=len(live),
+                stale=not live,
+                samples_per_s=_rate(live, fig.SAMPLES),
+                tokens_per_s=_rate(live, fig.TOKENS),
+                samples=int(_sum(shown, fig.SAMPLES)),
+                tokens=int(_sum(shown, fig.TOKENS)),
+                duplicates=int(_sum(shown, fig.DUPLICATES)),
+                dead_letters=int(_sum(shown, fig.LETTERED)),
+                last_seen_s=min(b.age(now) for b in shown),
+                metrics_urls=sorted(b.metrics_url for b in shown if b.metrics_url),
+            )
+        )
+    return rows
+
+
+def finish_rate(servers: Sequence[ServerRow]) -> float | None:
+    """Prompts finished per second (completed or dead-lettered) by live generate workers."""
+    live = [s for s in servers if not s.stale]
+    if not live:
+        return None
+    return sum(s.completed_per_s + s.dead_letters_per_s for s in live)
+
+
+def estimate(
+    remaining: int | None, heartbeat_rate: float | None, offsets_rate: float | None = None
+) -> Eta:
+    """remaining / recent rate. Heartbeats give the rate at once; without live heartbeats,
+    `--watch` can still derive one from how fast the completions topic grew between refreshes."""
+    if heartbeat_rate is not None:
+        rate, basis = heartbeat_rate, "heartbeats"
+    elif offsets_rate is not None:
+        rate, basis = offsets_rate, "offsets"
+    else:
+        rate, basis = None, "none"
+    if remaining is None:
+        seconds = None
+    elif remaining <= 0:
+        seconds = 0.0
+    elif rate is None or rate <= 0:
+        seconds = None
+    else:
+        seconds = remaining / rate
+    return Eta(remaining, rate, basis, seconds)
+
+
+# -- text ----------------------------------------------------------------------------------------
+
+
+def _normalizations(counts: dict[str, int]) -> str:
+    """`sglang-0.5.23` for one profile, else each with its samples; `-` for none recorded."""
+    named = {name or "unrecorded": n for name, n in counts.items() if n}
+    if not named:
+        return "-"
+    if len(named) == 1:
+        return next(iter(named))
+    return ", ".join(f"{name} {n:,}" for name, n in sorted(named.items()))
+
+
+def render_text(snapshot: StatusSnapshot) -> str:
+    s = snapshot
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.time))
+    prefix = f" · prefix {s.topic_prefix}" if s.topic_prefix else ""
+    lines = [f"draftgen status · {stamp} · kafka {s.bootstrap}{prefix}", ""]
+    eta = s.eta
+    summary = [
+        ("prompts published", count(s.published), "records written to the prompts topic"),
+        ("completions", count(s.completions), "records written to the completions topic"),
+    ]
+    if eta.remaining is not None:
+        summary.append(("remaining", count(eta.remaining), "prompts not yet done (generate lag)"))
+    eta_note = f"at {rate(eta.rate_per_s)} prompts/s" if eta.rate_per_s is not None else ""
+    if eta.rate_per_s is not None and eta.rate_basis == "offsets":
+        eta_note += " (from completions offsets)"
+    summary.append(("ETA", duration(eta.seconds), eta_note))
+    width = max(len(name) for name, _, _ in summary)
+    value_width = max(len(value) for _, value, _ in summary)
+    for name, value, note in summary:
+        lines.append(f"{name.ljust(width)}  {value.rjust(value_width)}  {note}".rstrip())
+
+    if s.out is not None:
+        lines += ["", f"datasets in {s.out}"]
+        if s.datasets:
+            lines += table(
+                [
+                    "dataset",
+                    "samples",
+                    "tokens",
+                    "loss tokens",
+                    "shards",
+                    "duplicates",
+                    "dropped",
+                    "rendered as",
+                ],
+                [
+                    [
+                        d.dataset,
+                        count(d.samples),
+                        count(d.tokens),
+                        count(d.loss_tokens),
+                        count(d.shards),
+                        count(d.duplicates),
+                        count(sum(d.drops.values())),
+                        _normalizations(d.normalizations),
+                    ]
+                    for d in s.datasets
+                ],
+            )
+        else:
+            lines.append("  none found")
+
+    total = sum(s.dead_letters.values())
+    lines += ["", f"dead letters  {count(total)}"]
+    if s.dead_letters:
+        lines += table(
+            ["stage", "reason", "count"],
+            [[stage, kind, count(n)] for (stage, kind), n in sorted(s.dead_letters.items())],
+        )
+
+    lines += ["", "consumer lag"]
+    if s.groups:
+        lines += table(
+            ["group", "topic", "committed", "end", "lag"],
+            [[g.group, g.topic, count(g.committed), count(g.end), count(g.lag)] for g in s.groups],
+        )
+    else:
+        lines.append("  no consumer groups yet")
+
+    lines += ["", "servers"]
+    if s.servers:
+        lines += table(
+            [
+                "server",
+                "workers",
+                "in flight",
+                "req/s",
+                "out tok/s",
+                "err rate",
+                "completed",
+                "paused",
+                "exact ids",
+                "last seen",
+            ],
+            [
+                [
+                    r.server,
+                    str(r.workers) if not r.stale else "stale",
+                    count(r.in_flight),
+                    rate(r.requests_per_s),
+                    rate(r.output_tokens_per_s),
+                    percent(r.error_rate),
+                    count(r.completed),
+                    f"yes ({r.paused_for})" if r.paused else "no",
+                    r.exact_ids or "-",
+                    f"{r.last_seen_s:.0f}s ago",
+                ]
+                for r in s.servers
+            ],
+        )
+    else:
+        lines.append("  no generate worker heartbeats")
+
+    if s.tokenizers:
+        lines += ["", "tokenize workers"]
+        lines += table(
+            ["dataset", "workers", "samples/s", "tokens/s", "samples", "dead letters", "last seen"],
+            [
+                [
+                    t.dataset,
+                    str(t.workers) if not t.stale else "stale",
+                    rate(t.samples_per_s),
+                    rate(t.tokens_per_s),
+                    count(t.samples),
+                    count(t.dead_letters),
+                    f"{t.last_seen_s:.0f}s ago",
+                ]
+                for t in s.tokenizers
+            ],
+        )
+    return "\n".join(lines)
+
+
+# -- JSON ----------------------------------------------------------------------------------------
+
+
+def to_json(snapshot: StatusSnapshot) -> dict[str, Any]:
+    s = snapshot
+    by_stage: dict[str, dict[str, int]] = {}
+    for (stage, kind), n in sorted(s.dead_letters.items()):
+        by_stage.setdefault(stage, {})[kind] = n
+    return {
+        "time": s.time,
+        "bootstrap": s.bootstrap,
+        "topic_prefix": s.topic_prefix,
+        "prompts": {
+            "published": s.published,
+            "basis": "sum of the prompts topic's end offsets (every record written)",
+        },
+        "completions": s.completions,
+        "out": s.out,
+        "datasets": {d.dataset: _without(asdict(d), "dataset") for d in s.datasets},
+        "dead_letters": {"total": sum(s.dead_letters.values()), "by_stage": by_stage},
+        "groups": {
+            g.group: {"topic": g.topic, "committed": g.committed, "end": g.end, "lag": g.lag}
+            for g in s.groups
+        },
+        "servers": {r.server: _without(asdict(r), "server") for r in s.servers},
+        "tokenizers": {t.dataset: _without(asdict(t), "dataset") for t in s.tokenizers},
+        "eta": asdict(s.eta),
+    }
+
+
+def _without(data: dict[str, Any], key: str) -> dict[str, Any]:
+    data.pop(key, None)
+    return data

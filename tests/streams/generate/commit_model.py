@@ -1,0 +1,288 @@
+"""A faithful model of what a generate worker sits on: faust-streaming 0.15.3's consumer (its
+acks, its commits, what a rebalance clears and what it keeps), one agent handing events to the
+worker one at a time, and a server whose every request waits until the test ends it.
+
+Used by the stateful property test (test_commit_property.py) and the scenario tests of
+revocations (test_leases_worker.py): both drive the real `GenerateWorker` (intake, in-flight
+window, ledger, stage) on these, so a commit past a prompt without an outcome shows up as it would
+against Kafka.
+
+What is modelled from faust (faust/transport/consumer.py):
+- `ack`: an acked offset joins the partition's acked list if it is at or past the partition's
+  committed offset as faust knows it (None after a revocation); faust does not check that the
+  partition is still assigned.
+- `on_partitions_revoked` clears the revoked partitions' acked lists and committed offsets, and
+  (app.flow_control.clear) the events buffered for the agent; the event the agent holds stays.
+- `_new_offset`: sort the acked list, take its first run of consecutive offsets, commit its end + 1;
+  a run that starts more than one past a *truthy* committed offset is not committed (so a gap at a
+  committed offset of 0, or of one offset, is not seen: faust-streaming #606 and its check).
+- commits go only for assigned partitions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from streams.core.records import CompletionRecord, DeadLetter, PromptRecord
+from streams.generate.client import GenerationError
+from streams.generate.worker import GenerateWorker
+from tests.fakes import TP, FakeEvent, Message
+from tests.streams.generate.fakes import (
+    COMPLETIONS,
+    DEAD,
+    FakeClient,
+    FakeKafka,
+    FakeLedger,
+    prompt,
+    worker_for,
+)
+
+TOPIC = "prompts"
+
+SUCCESS = "success"
+DEAD_LETTER = "dead_letter"  # a permanent error: the prompt's dead letter
+TRANSIENT = "transient"  # one attempt fails; retried, then `retries_exhausted`
+OUTCOMES = (SUCCESS, DEAD_LETTER, TRANSIENT)
+
+
+def prompt_id(partition: int, offset: int) -> str:
+    return f"p{partition}-{offset}"
+
+
+@dataclass
+class Request:
+    prompt_id: str
+    answer: asyncio.Future[str]
+
+
+class HeldClient(FakeClient):
+    """Every request waits until the test ends it with an outcome (`end`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending: list[Request] = []
+
+    async def complete(self, record: PromptRecord) -> CompletionRecord:
+        self.requests.append(record.prompt_id)
+        request = Request(record.prompt_id, asyncio.get_running_loop().create_future())
+        self.pending.append(request)
+        try:
+            outcome = await request.answer
+        finally:
+            if request in self.pending:
+                self.pending.remove(request)
+        if outcome == DEAD_LETTER:
+            raise GenerationError("context_too_long", "too long", transient=False)
+        if outcome == TRANSIENT:
+            raise GenerationError("http_503", "queue full", transient=True)
+        return CompletionRecord.from_prompt(
+            record, content=f"answer {record.prompt_id}", finish_reason="stop", usage={}
+        )
+
+    def end(self, index: int, outcome: str) -> str:
+        request = self.pending.pop(index % len(self.pending))
+        request.answer.set_result(outcome)
+        return request.prompt_id
+
+
+@dataclass
+class Partition:
+    assigned: bool = False
+    position: int = 0  # the next offset the fetcher delivers
+    committed: int = 0  # the group's committed offset in Kafka
+    faust_committed: int | None = None  # faust's `_committed_offset[tp]`
+    acked: list[int] = field(default_factory=list)  # faust's `_acked[tp]`
+
+
+class ConsumerModel:
+    """One worker process on a topic of `partitions` × `records` prompts."""
+
+    def __init__(
+        self, partitions: int, records: int, concurrency: int, ledger: bool = True
+    ) -> None:
+        self.records = records
+        self.concurrency = concurrency
+        self.partitions = {p: Partition() for p in range(partitions)}
+        self.kafka = FakeKafka()
+        # the ledger topic outlives a worker: shared by all (None: --no-ledger)
+        self.ledger = FakeLedger() if ledger else None
+        self.seeks: list[tuple[int, int]] = []
+        self.guarded_commits = 0
+        self.worker: GenerateWorker
+        self.client: HeldClient
+        self._agent: asyncio.Task[None] | None = None
+        self._queue: asyncio.Queue[FakeEvent] = asyncio.Queue()
+
+    # -- the process ------------------------------------------------------------------------
+
+    async def start_worker(self) -> None:
+        self.client = HeldClient()
+        self.worker = worker_for(
+            self.client,
+            self.kafka,
+            ledger=self.ledger,
+            concurrency=self.concurrency,
+            backoff_initial_s=0.0001,
+            backoff_max_s=0.0002,
+        )
+        self.connect(self.worker)
+        await self.worker.start()
+        self._queue = asyncio.Queue()
+        self._agent = asyncio.ensure_future(self._run_agent())
+
+    def connect(self, worker: GenerateWorker) -> None:
+        """Give the worker what faust gives it in production: the group's committed offsets
+        and a seek (only for a worker that asks, through `worker.intake.leases`)."""
+        leases = getattr(worker.intake, "leases", None)
+        if leases is not None:
+            leases.connect(self.start_of, self.seek)
+
+    async def start_of(self, tp: Any) -> int:
+        return self.partitions[tp.partition].committed
+
+    async def seek(self, tp: Any, offset: int) -> None:
+        self.seeks.append((tp.partition, offset))
+        self.partitions[tp.partition].position = offset
+
+    async def _run_agent(self) -> None:
+        while True:
+            event = await self._queue.get()
+            await self.worker.submit(event)
+
+    async def close(self) -> None:
+        """The end of a test: the agent and the worker stopped, their tasks done."""
+        if self._agent is not None:
+            self._agent.cancel()
+        await self.worker.stop()
+        for _ in range(5):
+            await asyncio.sleep(0)
+
+    async def crash(self) -> None:
+        """kill -9: nothing of the process runs on; Kafka keeps what it acknowledged."""
+        assert self._agent is not None
+        self._agent.cancel()
+        await self.worker.stop()
+        await asyncio.sleep(0)
+        for part in self.partitions.values():
+            part.assigned = False
+            part.acked.clear()
+            part.faust_committed = None
+        await self.start_worker()
+
+    # -- the group ----------------------------------------------------------------------------
+
+    def assign(self, partitions: list[int]) -> None:
+        for p in partitions:
+            if p not in self.partitions:
+                continue
+            part = self.partitions[p]
+            part.assigned = True
+            part.position = part.committed  # perform_seek
+            part.faust_committed = part.committed or None
+
+    def revoke(self) -> None:
+        """An eager rebalance: every assigned partition is revoked."""
+        revoked = [p for p, part in self.partitions.items() if part.assigned]
+        for p in revoked:
+            part = self.partitions[p]
+            part.assigned = False
+            part.acked.clear()
+            part.faust_committed = None
+        while not self._queue.empty():  # flow_control.clear(): the agent's buffer
+            self._queue.get_nowait()
+        self.worker.forget_partitions([TP(TOPIC, p) for p in revoked])
+
+    def deliver(self, partition: int, skip: int = 0) -> bool:
+        """The fetcher hands the partition's next record to the agent (`skip`: a record the
+        fetcher lost on the way, the consumer-side suspect)."""
+        part = self.partitions.get(partition)
+        if part is None:
+            return False
+        offset = part.position + skip
+        if not part.assigned or offset >= self.records:
+            return False
+        part.position = offset + 1
+        tp = TP(TOPIC, partition)
+        pid = prompt_id(partition, offset)
+        event = FakeEvent(
+            Message(tp, offset),
+            prompt(pid),
+            self.kafka.journal,
+            key=pid.encode(),
+            on_ack=self._on_ack,
+        )
+        self._queue.put_nowait(event)
+        return True
+
+    def _on_ack(self, event: FakeEvent) -> None:
+        part = self.partitions[event.message.tp.partition]
+        offset = event.message.offset
+        at_or_past = part.faust_committed is None or offset >= part.faust_committed
+        if at_or_past and offset not in part.acked:
+            part.acked.append(offset)
+
+    def commit(self) -> None:
+        """faust's periodic commit (`_new_offset` per assigned partition), through the
+        worker's commit guard when it has one."""
+        guard = getattr(self.worker.intake, "leases", None)
+        for p, part in self.partitions.items():
+            if not part.assigned or not part.acked:
+                continue
+            new = _new_offset(part)
+            if new is None:
+                continue
+            if part.faust_committed is not None and new <= part.faust_committed:
+                continue
+            if guard is not None:
+                allowed = guard.committable(TP(TOPIC, p), new)
+                if allowed != new:
+                    self.guarded_commits += 1
+                if allowed is None:
+                    continue
+                new = allowed
+            part.committed = max(part.committed, new)
+            part.faust_committed = new
+
+    # -- what the topics say ------------------------------------------------------------------
+
+    def outcomes(self) -> set[str]:
+        ended = {key.decode() for topic, key, _ in self.kafka.sent if topic == COMPLETIONS}
+        for topic, _, value in self.kafka.sent:
+            if topic == DEAD:
+                letter = DeadLetter.decode(value)
+                if letter.prompt_id:
+                    ended.add(letter.prompt_id)
+        return ended
+
+    def committed_without_outcome(self) -> list[str]:
+        ended = self.outcomes()
+        return [
+            prompt_id(p, offset)
+            for p, part in self.partitions.items()
+            for offset in range(part.committed)
+            if prompt_id(p, offset) not in ended
+        ]
+
+
+def _new_offset(part: Partition) -> int | None:
+    acked = part.acked
+    acked.sort()
+    if part.faust_committed and min(acked) - part.faust_committed > 1:
+        return None
+    run = [acked[0]]
+    for offset in acked[1:]:
+        if offset != run[-1] + 1:
+            break
+        run.append(offset)
+    del acked[: len(run)]
+    return run[-1] + 1
+
+
+async def settle() -> None:
+    """Let every task run until it waits on something the test controls."""
+    for _ in range(3):
+        for _ in range(40):
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.001)  # the retries' backoff (0.1-0.2 ms)

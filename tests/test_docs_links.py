@@ -1,0 +1,91 @@
+"""The repository is self-contained: no file points outside it, and every relative link of its
+Markdown pages leads to a file (and heading) that exists."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# where the design and its notes lived before docs/design.md: outside a clone
+OUTSIDE = re.compile(
+    rb"\.\./shared|\.\./DESIGN|shared/DESIGN|/work/shared"
+    rb"|notes/(?:model-templates|sglang-api|kafka-faust)\.md"
+)
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^(```|~~~).*?^\1", re.DOTALL | re.MULTILINE)
+SKIPPED_DIRS = {".git", ".venv", "node_modules", "__pycache__", "runs"}
+
+
+def tracked_files() -> list[Path]:
+    """The files git tracks; outside a git checkout, every file but the usual build dirs."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
+        ).stdout
+        names = [name for name in listed.decode().split("\0") if name]
+    except (OSError, subprocess.CalledProcessError):
+        names = [
+            str(path.relative_to(ROOT))
+            for path in ROOT.rglob("*")
+            if path.is_file()
+            and not SKIPPED_DIRS & set(path.relative_to(ROOT).parts)
+            and not path.relative_to(ROOT).parts[0].endswith(".egg-info")
+        ]
+    return [ROOT / name for name in names if (ROOT / name).is_file()]
+
+
+def markdown_pages() -> list[Path]:
+    return [path for path in tracked_files() if path.suffix == ".md"]
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as dashes."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    text = FENCE.sub("", page.read_text())
+    return {slug(m) for m in re.findall(r"^#{1,6}\s+(.+?)\s*#*$", text, re.MULTILINE)}
+
+
+def test_no_tracked_file_points_outside_the_repository() -> None:
+    this = Path(__file__).resolve()
+    found = [
+        f"{path.relative_to(ROOT)}: {match.group().decode()}"
+        for path in tracked_files()
+        if path.resolve() != this
+        for match in OUTSIDE.finditer(path.read_bytes())
+    ]
+    assert found == []
+
+
+@pytest.mark.parametrize("page", markdown_pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_of_a_page_resolves(page: Path) -> None:
+    broken = []
+    for target in LINK.findall(FENCE.sub("", page.read_text())):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:, …
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        missing = not linked.is_relative_to(ROOT) or not linked.exists()
+        if missing or (anchor and linked.suffix == ".md" and anchor not in anchors(linked)):
+            broken.append(target)
+    assert broken == []
+
+
+def test_the_checks_see_a_link_outside_and_a_broken_one(tmp_path: Path) -> None:
+    assert OUTSIDE.search(b"the contract is in `../shared/DESIGN.md`")
+    assert OUTSIDE.search(b"see ../DESIGN.md")
+    assert not OUTSIDE.search(b"docs/design.md; --dataset ../evil is refused")
+    assert LINK.findall("[a](docs/x.md#b) and ![p](img.png) but not [c] (d)") == [
+        "docs/x.md#b",
+        "img.png",
+    ]
+    assert slug("Where a run stands: `draftgen status` and metrics") == (
+        "where-a-run-stands-draftgen-status-and-metrics"
+    )
