@@ -72,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                 result = storm.run()
                 results.append(result)
                 print(f"run {run}: {result.line()}", flush=True)
-                if result.lost:
-                    print(result.missing_report(), flush=True)
+                if result.lost or result.audit.both_kinds:
+                    print(result.report(), flush=True)
     except KeyboardInterrupt:
         print("interrupted: every process started was stopped", file=sys.stderr)
         return 130

@@ -239,6 +239,9 @@ class StormResult:
         parts = [self.line(), "timeline:", self.timeline()]
         if self.audit.missing:
             parts += [f"lost ({self.lost}):", self.missing_report()]
+        if self.audit.both_kinds:
+            parts.append(f"a completion and a dead letter ({len(self.audit.both_kinds)}):")
+            parts += [f"  {p}: {self.requesters(p)}" for p in self.audit.both_kinds]
         exits = ", ".join(f"{i.name}: {i.how}" for i in self.incarnations if i.how)
         parts.append(f"workers: {exits}")
         parts.append(f"peak requests in flight per server: {self.peak_running}")
