@@ -12,6 +12,7 @@ from compose.emulator.engine import ENGINE_KEY, Engine
 from compose.emulator.errors import json_response
 from compose.emulator.model import EmulatedModel
 from compose.emulator.native import handle_generate, handle_tokenize
+from compose.emulator.request_log import LOGGED_PATHS, RequestLog
 from compose.emulator.settings import EmulatorSettings
 
 
@@ -24,8 +25,14 @@ def build_app(settings: EmulatorSettings, model: EmulatedModel | None = None) ->
         model = EmulatedModel(settings.tokenizer_dir, settings.family)
     engine = Engine(settings, model)
     # a chat request with a long conversation is well over aiohttp's 1 MiB default
-    app = web.Application(client_max_size=256 * 1024**2, middlewares=[_check_api_key])
+    middlewares: list[Any] = [_check_api_key]
+    log = RequestLog(settings.request_log) if settings.request_log is not None else None
+    if log is not None:
+        middlewares.insert(0, _request_logger(log))
+    app = web.Application(client_max_size=256 * 1024**2, middlewares=middlewares)
     app[ENGINE_KEY] = engine
+    if log is not None:
+        app.on_cleanup.append(log.cleanup)
     app.on_startup.append(_start_clock)
     app.router.add_post("/v1/chat/completions", handle_chat)
     app.router.add_get("/v1/models", _models)
@@ -61,6 +68,16 @@ async def _check_api_key(request: web.Request, handler: Any) -> web.StreamRespon
     if request.headers.get("Authorization") != f"Bearer {settings.api_key}":
         return json_response({"error": "Unauthorized"}, status=settings.auth_status)
     return await handler(request)
+
+
+def _request_logger(log: RequestLog) -> Any:
+    @web.middleware
+    async def logged(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path not in LOGGED_PATHS:
+            return await handler(request)
+        return await log.around(request, handler)
+
+    return logged
 
 
 async def _start_clock(app: web.Application) -> None:

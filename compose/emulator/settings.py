@@ -75,6 +75,9 @@ class EmulatorSettings:
     # JSON-lines file of {"match": str, "output": str}: a prompt containing `match` gets
     # `output` as the text the model writes (compose/emulator/generation.py), first match wins
     script: Path | None = None
+    # JSON-lines file: one line per generation request, naming its prompt by a digest of its
+    # messages and how it ended (compose/emulator/request_log.py); None writes nothing
+    request_log: Path | None = None
 
     @property
     def version(self) -> str:
@@ -243,6 +246,13 @@ def add_emulator_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help='JSON lines {"match", "output"}: the output text of prompts containing match',
     )
+    add(
+        "--request-log",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="append a JSON line per generation request: its prompt's digest, times, outcome",
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> EmulatorSettings:
@@ -286,4 +296,5 @@ def _settings(args: argparse.Namespace) -> EmulatorSettings:
         drift_rate=args.drift_rate,
         seed=args.seed,
         script=args.script,
+        request_log=args.request_log,
     )

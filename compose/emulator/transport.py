@@ -8,6 +8,8 @@ import struct
 
 from aiohttp import web
 
+from compose.emulator.request_log import CUT_KEY
+
 
 def reset_connection(request: web.Request) -> None:
     """Close with RST (SO_LINGER 0), as a crashed server or a proxy timeout does."""
@@ -28,5 +30,6 @@ async def send_truncated(request: web.Request, body: bytes) -> web.StreamRespons
     response.content_length = len(body)
     await response.prepare(request)
     await response.write(body[: len(body) // 2])
+    request[CUT_KEY] = True
     reset_connection(request)
     return response

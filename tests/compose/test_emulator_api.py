@@ -258,11 +258,13 @@ def test_cli_flags_fill_settings(tmp_path: Path) -> None:
             "--script", str(tmp_path / "script.jsonl"),
             "--api-key", "sk-emulated",
             "--auth-status", "403",
+            "--request-log", str(tmp_path / "requests.jsonl"),
         ]
     )  # fmt: skip
     settings = settings_from_args(args)
     assert settings.model == "my-model"  # the directory's name
     assert settings.script == tmp_path / "script.jsonl"
+    assert settings.request_log == tmp_path / "requests.jsonl"
     assert settings.host == "127.0.0.1"
     assert (settings.port, settings.max_model_len) == (31000, 4096)
     assert settings.ids_style == "sglext"

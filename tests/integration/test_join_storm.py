@@ -1,0 +1,49 @@
+"""The join storm (issue 31): generate workers joining, leaving by SIGTERM and killed -9 while
+prompts are in flight, audited from the topics: every published prompt has an outcome, one kind
+of it, and the group's committed offsets reach the topic's ends. The scenario and the audit are
+in tests/benchmarks/join_storm.py (its benchmark, bench_join_storm.py, repeats it at 1,000)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from compose.stack import LocalStack
+from tests.benchmarks.join_storm import JoinStorm, StormPlan
+
+pytestmark = pytest.mark.integration
+
+
+def test_workers_joining_leaving_and_killed_lose_no_prompt(
+    stack: LocalStack,
+    bootstrap: str,
+    qwen_tokenizer_dir: Path,
+    topic_prefix: str,
+    tmp_path: Path,
+) -> None:
+    storm = JoinStorm(
+        stack,
+        bootstrap,
+        qwen_tokenizer_dir,
+        tmp_path / "storm",
+        topic_prefix,
+        StormPlan(),
+        say=print,
+    )
+    result = storm.run()
+    report = result.report()
+    print(report)
+    audit = result.audit
+
+    # every membership change came while prompts were in flight, or the test proves nothing
+    changes = [(what, lag) for _, what, lag in result.events[1:-1]]
+    assert all(lag > 0 for _, lag in changes), f"a change after the prompts were done\n{report}"
+    # the request logs name the prompts the workers sent (else their counts mean nothing)
+    assert not audit.completed_unrequested, f"completions no server logged\n{report}"
+    assert all(inc.how == "running" for inc in storm.workers.values()), report
+
+    assert not audit.missing, f"{result.lost} prompts without an outcome\n{report}"
+    assert result.lag == 0, f"the generate group did not commit to the topic's end\n{report}"
+    assert not audit.both_kinds, f"prompts with a completion and a dead letter\n{report}"
+    assert not audit.ledger_without_outcome, f"ledger marks without their outcome\n{report}"
