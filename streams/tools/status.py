@@ -168,7 +168,7 @@ class StatusProbe:
         listed = group_names(await self._admin.list_consumer_groups())
         names = {name for name in listed if name.startswith(ours)}
         names.add(self.kafka.group(GENERATE_GROUP))
-        names.update(self.kafka.group(TOKENIZE_GROUP_PREFIX + d) for d in self.settings.datasets)
+        names.update(self._dataset_group(d) for d in self.settings.datasets)
         lags = []
         for name in sorted(names):
             committed = await self._admin.list_consumer_group_offsets(name)
@@ -180,6 +180,16 @@ class StatusProbe:
                 }
                 lags.append(group_lag(name, short, positions, beginning, end))
         return lags
+
+    def _dataset_group(self, dataset: str) -> str:
+        """A version's tokenize group: the one its manifest names (`run` gives each new version
+        a group of its own), else the one named after the version."""
+        group = None
+        if self.settings.storage is not None:
+            storage = self.settings.storage
+            manifest = ShardStore(storage.out, dataset, storage.storage_options()).manifest()
+            group = (manifest or {}).get("consumer_group")
+        return str(group) if group else self.kafka.group(TOKENIZE_GROUP_PREFIX + dataset)
 
     def _topics_of(self, group: str, committed: dict[TopicPartition, object]) -> list[str]:
         """Which of the pipeline's input topics a group reads: by its name, or by its commits

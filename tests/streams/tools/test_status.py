@@ -429,3 +429,13 @@ def test_dataset_rows_carry_the_drift_causes(tmp_path: Path) -> None:
     )
     [row] = StatusProbe(settings)._datasets()  # the markers only, no broker
     assert (row.compared, row.drifted, row.drift_causes) == (3, 1, {CAUSE: 1})
+
+
+def test_a_versions_tokenize_group_is_the_one_its_manifest_names(tmp_path: Path) -> None:
+    ShardStore(str(tmp_path), "v1").write_manifest({"consumer_group": "draftgen-tokenize-v1-ab12"})
+    settings = StatusSettings(
+        kafka=KafkaSettings(bootstrap="b:1"), out=str(tmp_path), datasets=["v1", "v2"]
+    )
+    probe = StatusProbe(settings)  # no broker: only the manifests are read
+    assert probe._dataset_group("v1") == "draftgen-tokenize-v1-ab12"  # `run` made its own group
+    assert probe._dataset_group("v2") == "draftgen-tokenize-v2"  # no manifest: named after it
