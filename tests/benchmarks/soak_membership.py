@@ -44,6 +44,8 @@ from typing import Any
 import orjson
 import pyarrow.parquet as pq
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 from compose.process import ManagedProcess, run_tracked
 from compose.stack import LocalStack, draftgen_argv
 from compose.tiny_tokenizers import build_qwen36_tokenizer
@@ -337,12 +339,8 @@ def main() -> int:
     rng = random.Random(args.seed)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="draftgen-soak-membership-"))
     print(f"soak: work directory {work}", flush=True)
-    began = time.monotonic()
-
-    def clock() -> float:
-        return time.monotonic() - began
-
     with LocalStack(work) as stack, Sampler(interval=args.sample_every_s) as sampler:
+        clock = sampler.now  # the soak's time is the RSS samples' time
         bootstrap = stack.start_kafka()
         s3 = stack.start_s3()
         s3.create_bucket(BUCKET)
