@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import random
 import subprocess
@@ -58,7 +59,7 @@ from streams.core.settings import KafkaSettings
 from streams.ops.audit import audit
 from streams.ops.dead_letters import read_dead_letters
 from tests.benchmarks.process_sampler import Sampler
-from tests.benchmarks.soak_rss import HEADER, KindRss, rss_table, traces_of
+from tests.benchmarks.soak_rss import HEADER, KindRss, cpu_by_kind, rss_table, traces_of
 
 BUCKET = "soak"
 OUT = f"s3://{BUCKET}/out"
@@ -314,7 +315,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--prompts-per-s",
         type=float,
-        default=2.0,
+        default=3.0,
         help="a source holds this many prompts per second of --publish-every-s",
     )
     parser.add_argument("--servers", type=int, default=2, help="emulated SGLang servers")
@@ -336,6 +337,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
+    logging.getLogger("aiokafka").setLevel(logging.ERROR)  # a new topic's leader, not yet known
     rng = random.Random(args.seed)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="draftgen-soak-membership-"))
     print(f"soak: work directory {work}", flush=True)
@@ -452,12 +454,11 @@ def main() -> int:
         figures.audit = json.loads(audited.stdout) if audited.stdout.strip() else {}
         figures.audit["exit_status"] = audited.returncode
         sampler.sample()
-        table = rss_table(
-            traces_of(sampler.series, {**kinds, **workers.kinds}),
-            (min(steady_from, publishing_ended), publishing_ended),
-        )
+        traces = traces_of(sampler.series, {**kinds, **workers.kinds})
+        table = rss_table(traces, (min(steady_from, publishing_ended), publishing_ended))
+        cpu = cpu_by_kind(traces)
         wall = clock()
-        report(args, figures, workers, table, missing, publishing_ended, outcomes_at, wall)
+        report(args, figures, workers, table, cpu, missing, publishing_ended, outcomes_at, wall)
         if args.json_out is not None:
             args.json_out.write_text(
                 json.dumps(
@@ -467,6 +468,7 @@ def main() -> int:
                         "changes": [asdict(c) for c in workers.changes],
                         "change_counts": dict(workers.counts()),
                         "rss": [row.as_json() for row in table],
+                        "cpu_s": {kind: round(v, 1) for kind, v in cpu.items()},
                         "publishing_s": round(publishing_ended, 1),
                         "outcomes_after_s": round(outcomes_at - publishing_ended, 1),
                         "wall_s": round(wall, 1),
@@ -482,6 +484,7 @@ def report(
     figures: Accounting,
     workers: Workers,
     table: list[KindRss],
+    cpu: dict[str, float],
     missing: int,
     publishing_ended: float,
     outcomes_at: float,
@@ -517,6 +520,8 @@ def report(
         f"duplicates        {figures.duplicates_sealed} in the sealed version, "
         f"{figures.duplicates_export} in the export ({figures.exported_rows} rows)",
         f"wall time         {wall / 60:.1f} min",
+        f"CPU, mean cores   {sum(cpu.values()) / wall:.2f}: "
+        + ", ".join(f"{kind} {seconds / wall:.2f}" for kind, seconds in cpu.items()),
         "",
         "RSS (MiB) of the longest-lived process of each kind over the steady state "
         f"(after {args.warmup_s:g}s until publishing stopped); max: any process of the kind",

@@ -30,6 +30,7 @@ class Trace:
     pid: int
     t: Sequence[float]
     rss_mb: Sequence[float]
+    cpu_s: float = 0.0  # CPU time at its last sample
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,15 @@ def traces_of(series: Mapping[int, Any], kinds: Mapping[int, str]) -> list[Trace
     """The sampler's series (pid → Series), each named by `kinds` (the soak's own processes)
     or else by the sampler's label."""
     return [
-        Trace(kinds.get(pid, s.label), pid, list(s.t), list(s.rss_mb))
+        Trace(kinds.get(pid, s.label), pid, list(s.t), list(s.rss_mb), s.cpu_s)
         for pid, s in series.items()
         if s.t
     ]
+
+
+def cpu_by_kind(traces: Sequence[Trace]) -> dict[str, float]:
+    """CPU seconds per kind, every process of it (up to its last sample), largest first."""
+    total: dict[str, float] = {}
+    for trace in traces:
+        total[trace.kind] = total.get(trace.kind, 0.0) + trace.cpu_s
+    return dict(sorted(total.items(), key=lambda item: -item[1]))
