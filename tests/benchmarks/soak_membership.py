@@ -66,7 +66,9 @@ OUT = f"s3://{BUCKET}/out"
 DATASET = "soak"
 PARTITIONS = 16
 GENERATE, TOKENIZE = "generate", "tokenize"
-JOIN, KILL, SIGTERM, RESTART, EXITED = "join", "kill -9", "SIGTERM", "restart", "exited"
+START, JOIN, KILL, SIGTERM = "start", "join", "kill -9", "SIGTERM"
+RESTART, EXITED = "restart", "exited"
+CHANGES = (JOIN, SIGTERM, "kill")  # "kill -9" splits at its space
 # one change a tick, in this order, round and round
 CYCLE = (
     (GENERATE, JOIN),
@@ -154,12 +156,13 @@ class Workers:
             self.kinds[process.pid] = f"{stage} worker"
         print(change.line(), flush=True)
 
-    def join(self, stage: str) -> None:
+    def join(self, stage: str, kind: str = JOIN) -> None:
+        """A new worker of `stage`; `kind` START for the soak's first ones (not a change)."""
         index = self.started[stage]
         self.started[stage] += 1
         process = self.stack.start_worker(f"{stage}-{index}", self.argv(stage, index), self.env)
         self.members[stage].append(process)
-        self.note(stage, JOIN, process)
+        self.note(stage, kind, process)
 
     def _victim(self, stage: str) -> ManagedProcess:
         # the first worker stays: one process of each stage lives through the whole soak
@@ -210,7 +213,8 @@ class Workers:
                     self._replace(stage, process, RESTART, "after an exit not ours")
 
     def counts(self) -> Counter[str]:
-        return Counter(f"{c.stage} {c.kind}" for c in self.changes)
+        """Membership changes by stage and kind (the first workers' start not among them)."""
+        return Counter(f"{c.stage} {c.kind}" for c in self.changes if c.kind != START)
 
 
 @dataclass
@@ -380,7 +384,7 @@ def main() -> int:
 
         workers = Workers(stack, argv, env, clock, rng, args.restart_after_s, args.term_grace_s)
         for stage in (GENERATE, GENERATE, TOKENIZE, TOKENIZE):
-            workers.join(stage)
+            workers.join(stage, START)
 
         # -- ingestion and membership changes ----------------------------------------------
         per_source = max(1, round(args.prompts_per_s * args.publish_every_s))
@@ -502,7 +506,8 @@ def report(
         f"{args.publish_every_s:g}s, a change every {args.change_every_s:g}s",
         f"sources           {figures.sources}",
         f"prompts published {figures.published}",
-        f"changes           {sum(counts.values())}: "
+        f"changes           {sum(n for k, n in counts.items() if k.split()[1] in CHANGES)} "
+        "(joins, SIGTERM, kill -9; restarts after a kill and exits not ours listed too): "
         + ", ".join(f"{kind} {n}" for kind, n in sorted(counts.items())),
         f"outcomes          all {outcomes_at - publishing_ended:.0f}s after publishing stopped"
         if missing == 0
