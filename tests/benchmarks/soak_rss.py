@@ -20,6 +20,8 @@ FLAT_MIB = 5.0
 FLAT_SHARE = 0.05
 # the samples averaged at each end of the window
 EDGE_S = 60.0
+# fewer samples in the window: a short-lived process, no figure of the soak
+MIN_SAMPLES = 3
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ def slope_per_s(t: Sequence[float], y: Sequence[float]) -> float:
 
 def kind_rss(traces: Sequence[Trace], window: tuple[float, float]) -> KindRss | None:
     """The figures of one kind's processes over the steady `window` (seconds); None if none of
-    them was sampled in it."""
+    them was sampled in it MIN_SAMPLES times."""
     if not traces:
         return None
     low, high = window
@@ -86,8 +88,8 @@ def kind_rss(traces: Sequence[Trace], window: tuple[float, float]) -> KindRss | 
 
     longest = max(traces, key=lambda trace: len(inside(trace)))
     points = inside(longest)
-    if not points:
-        return None  # a command run only after the window (seal, export): not a soak figure
+    if len(points) < MIN_SAMPLES:
+        return None  # a command run after the window (seal, export) or a passing helper
     times = [t for t, _ in points]
     rss = [r for _, r in points]
     first, last = times[0], times[-1]
