@@ -48,6 +48,6 @@ def test_workers_joining_leaving_and_killed_lose_no_prompt(
     # Not asserted: a prompt whose partition moved can end with both a completion (its old
     # owner's request, finished after the revocation) and a dead letter (its new owner's, which
     # failed before that completion reached the ledger). Its sample is in the dataset; the
-    # failure table says so ("worker joins or leaves"). Seen once in ~11,000 storm prompts;
+    # failure table says so ("worker joins or leaves"). Seen twice in ~16,000 storm prompts;
     # the report above counts them.
     assert not audit.ledger_without_outcome, f"ledger marks without their outcome\n{report}"
