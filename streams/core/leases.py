@@ -66,11 +66,9 @@ class LeaseError(RuntimeError):
 @dataclass(eq=False)  # identity: two leases of one partition are never the same lease
 class Lease:
     tp: Hashable
-    number: int  # this worker's count of leases on the partition
     start: int | None = None  # the group's committed offset when the lease began
     next: int | None = None  # the next offset to admit
     acked: int | None = None  # every offset below it is acked: its outcome durable
-    ended: bool = False
     seeks: int = 0  # seeks back to `next`
     checked_at: float = 0.0  # when the hole at `next` was last sought back to or looked up
     # holes in the log admitted over (start of hole -> the offset after it)
@@ -80,7 +78,6 @@ class Lease:
 class Leases:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._current: dict[Hashable, Lease] = {}
-        self._numbers: dict[Hashable, int] = {}
         self._start_of: StartOf | None = None
         self._seek: Seek | None = None
         self._first_at: FirstAt | None = None
@@ -97,9 +94,7 @@ class Leases:
         delivered, before any wait, so the event is judged by the lease it came under."""
         lease = self._current.get(tp)
         if lease is None:
-            number = self._numbers.get(tp, 0) + 1
-            self._numbers[tp] = number
-            lease = self._current[tp] = Lease(tp, number)
+            lease = self._current[tp] = Lease(tp)
         return lease
 
     def holds(self, lease: Lease) -> bool:
@@ -110,7 +105,6 @@ class Leases:
         for tp in partitions:
             lease = self._current.pop(tp, None)
             if lease is not None:
-                lease.ended = True
                 ended.append(lease)
         return ended
 
@@ -192,7 +186,7 @@ class Leases:
     def acked(self, lease: Lease, offset: int) -> None:
         """Record that `offset`'s outcome is durable and its event acked: the lease's acked run
         grows by one. Raises LeaseError for an ack out of order or of an ended lease."""
-        if lease.ended or not self.holds(lease):
+        if not self.holds(lease):
             raise LeaseError(
                 f"partition {_name(lease.tp)}: ack of offset {offset} after revocation"
             )
@@ -210,9 +204,6 @@ class Leases:
         if lease is None or lease.acked is None or lease.acked == lease.start:
             return None
         return min(offset, lease.acked)
-
-    def in_flight(self) -> dict[Hashable, Lease]:
-        return dict(self._current)
 
 
 def _name(tp: Hashable) -> str:

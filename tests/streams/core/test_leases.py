@@ -121,7 +121,7 @@ def test_an_event_delivered_before_a_revocation_is_stale_under_every_later_lease
         assert await leases.admit(old, 0) is Verdict.ADMIT
         leases.revoke([P0])
         new = leases.lease(P0)
-        assert new is not old and new.number == old.number + 1
+        assert new is not old
         assert await leases.admit(old, 1) is Verdict.STALE
         assert not leases.holds(old) and leases.holds(new)
         with pytest.raises(LeaseError, match="after revocation"):
