@@ -57,7 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     plan = replace(StormPlan(), prompts=args.prompts, timeout_s=max(150.0, args.prompts * 0.5))
     work = Path(tempfile.mkdtemp(prefix="draftgen-storm-"))
-    print(f"join storm: {args.runs} runs of {args.prompts} prompts; logs in {work}", flush=True)
+    print(
+        f"join storm: {args.runs} runs of {args.prompts} prompts (+{plan.late_prompts} late); "
+        f"logs in {work}",
+        flush=True,
+    )
     results: list[StormResult] = []
     started = time.monotonic()
     try:

@@ -9,8 +9,11 @@ has requests in flight (a worker takes seconds to start on a busy machine; one s
 joined moves nothing): the first replacement once a share of the prompts is committed by the
 group (`StormPlan.replace_b_at`), the kill -9 just after the rebalance of that replacement's
 join, while prompts the killed worker had in flight before it still run, the last replacement
-right after (the killed worker's partitions wait for its session to time out meanwhile). So
-prompts are in flight at every change whatever the machine's speed. Each worker slot has its
+right after (the killed worker's partitions wait for its session to time out meanwhile). A
+second batch of prompts is published just before that last replacement: by then the last
+worker's own partitions may be drained (how fast is the machine's to say), and prompts arriving on
+every partition give it requests in flight to be replaced with. So prompts are in flight at every
+change whatever the machine's speed. Each worker slot has its
 own emulated SGLang server, slow enough that many requests are in flight, answering some of
 them 500 or 503 or cutting the connection, and logging every request (`--request-log`,
 compose/emulator/request_log.py).
@@ -77,6 +80,8 @@ FAULTS = (
 @dataclass(frozen=True)
 class StormPlan:
     prompts: int = 400
+    # published after c's restart, before d is replaced once it has requests in flight
+    late_prompts: int = 100
     partitions: int = 16
     concurrency: int = 16
     # each server's decode speed and output lengths (log-normal around the mean, up to the
@@ -87,8 +92,8 @@ class StormPlan:
     # seconds after the publish at which workers b, c and d join
     joins_s: tuple[float, ...] = (1.0, 3.0, 5.0)
     # b leaves by SIGTERM and is replaced once this share of the prompts is committed by the
-    # group and b has requests in flight; d right after c's restart, once it has requests in
-    # flight
+    # group and b has requests in flight; d right after c's restart and the late prompts, once
+    # it has requests in flight
     replace_b_at: float = 0.15
     # c is killed -9 (and restarted) this long after b's replacement started requesting
     kill_after_rebalance_s: float = 2.0
@@ -295,7 +300,7 @@ class JoinStorm:
         try:
             return self._run()
         except AssertionError as err:  # a wait of the scenario timed out: say where it was
-            raise AssertionError(f"{err}\ntimeline:\n{timeline(self.events)}") from None
+            raise AssertionError(f"{err}\n{self._where()}") from None
         finally:
             self._stop()
 
@@ -324,11 +329,7 @@ class JoinStorm:
             120,
             "the first generate worker to hold every partition",
         )
-        prompts = self._write_prompts()
-        summary = asyncio.run(
-            publish(self.kafka, [parse_source_spec(str(prompts))], progress=False)
-        )
-        assert summary.published == plan.prompts, summary.line()
+        self._publish("prompts.jsonl", range(plan.prompts))
         self.t0 = time.monotonic()
         started = time.time()
         server_a = self.servers["a"][0]
@@ -351,6 +352,8 @@ class JoinStorm:
         self._when_busy("c", None)
         self._at(time.monotonic() - self.t0 + plan.kill_after_rebalance_s)
         self._replace("c", kill=True)
+        self._publish("late.jsonl", range(plan.prompts, plan.prompts + plan.late_prompts))
+        self._event(f"{plan.late_prompts} more prompts published")
         self._when_busy("d", None)
         self._replace("d", kill=False)
         lag = self._wait_nothing_left()
@@ -363,6 +366,20 @@ class JoinStorm:
             inc.how = "running" if inc.process.alive() else f"exited {self._exit_code(inc)}"
         audit = self.audit()
         return StormResult(plan, audit, self.incarnations, self.events, lag, wall, peaks, started)
+
+    def _where(self) -> str:
+        """The timeline, then what each server and worker is doing now (for a timed-out wait)."""
+        lines = [f"timeline:\n{timeline(self.events)}", f"lag now: {self._lag()}"]
+        for slot, (url, _) in self.servers.items():
+            stats = emulator_stats(url)
+            lines.append(
+                f"server {slot}: running {stats.get('running')}, requests "
+                f"{stats.get('requests')}, completed {stats.get('completed')}"
+            )
+        for inc in self.workers.values():
+            state = "running" if inc.process.alive() else "exited"
+            lines.append(f"{inc.name} ({state}), its log's end:\n{inc.process.tail(15)}")
+        return "\n".join(lines)
 
     def _at(self, seconds: float) -> None:
         # the scenario's clock (joins "a few seconds apart"), not a synchronisation
@@ -477,10 +494,15 @@ class JoinStorm:
 
     # -- prompts and the audit -----------------------------------------------------------------
 
-    def _write_prompts(self) -> Path:
-        path = self.workdir / "prompts.jsonl"
+    def _publish(self, name: str, indexes: range) -> None:
+        path = self._write_prompts(name, indexes)
+        summary = asyncio.run(publish(self.kafka, [parse_source_spec(str(path))], progress=False))
+        assert summary.published == len(indexes), summary.line()
+
+    def _write_prompts(self, name: str, indexes: range) -> Path:
+        path = self.workdir / name
         with path.open("wb") as handle:
-            for index in range(self.plan.prompts):
+            for index in indexes:
                 messages = [
                     {"role": "user", "content": f"[{index}] Explain step {index} of the plan."}
                 ]
