@@ -29,8 +29,10 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -244,6 +246,26 @@ class Bench:
         )
 
 
+def import_cpu_s(repeats: int = 3) -> float:
+    """CPU seconds one interpreter takes to import a generate worker's modules, alone (median):
+    the machine's condition (a loaded one charges more CPU for the same work) and whether the
+    dependencies' bytecode is compiled (PYTHONPYCACHEPREFIX pointing at an empty directory,
+    with PYTHONDONTWRITEBYTECODE, reproduces an install that compiled none)."""
+    code = "import streams.cli.main, streams.generate.app"
+    times = []
+    for _ in range(repeats):
+        before = os.times()
+        subprocess.run([sys.executable, "-c", code], check=True)
+        after = os.times()
+        times.append(
+            after.children_user
+            - before.children_user
+            + after.children_system
+            - before.children_system
+        )
+    return statistics.median(times)
+
+
 def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
@@ -290,6 +312,8 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
     bench = Bench(args, workdir)
     results = []
+    imports = import_cpu_s()
+    print(f"importing a generate worker's modules: {imports:.2f} CPU s (median of 3)", flush=True)
     with bench.stack:
         bench.start(max(sizes))
         for repeat in range(args.repeats):
@@ -312,7 +336,8 @@ def main() -> int:
                     )
     report(results)
     if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in results], indent=1))
+        runs = [asdict(r) for r in results]
+        args.json.write_text(json.dumps({"import_cpu_s": imports, "runs": runs}, indent=1))
     print(f"logs: {workdir / 'logs'}")
     return 0
 
