@@ -3,14 +3,17 @@ Wiring only: the parts are streams/generate/{worker,stage,once,intake,gate,steal
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import Any
 
 import faust
 
-from streams.core.crash_guard import CrashGuard
+from streams.core.crash_guard import CrashGuard, default_state_dir
 from streams.core.faust_app import consume, create_app, guard_commits, kafka_sender, raw_topic
 from streams.core.group_starts import GroupStarts
 from streams.core.ledger import LedgerFollower
+from streams.core.membership import claim_slot
 from streams.core.settings import (
     COMPLETIONS,
     DEAD_LETTERS,
@@ -32,6 +35,8 @@ from streams.observe.app import install
 from streams.observe.figures import declared
 from streams.observe.metrics import GenerateMetrics
 
+log = logging.getLogger(__name__)
+
 
 def observe_generate(
     app: faust.App, worker: GenerateWorker, metrics: GenerateMetrics, settings: ObserveSettings
@@ -40,27 +45,48 @@ def observe_generate(
     return install(app, worker.settings.kafka, metrics, settings, worker.broker)
 
 
+def member_id(settings: GenerateSettings, observe: ObserveSettings, group: str) -> str | None:
+    """The worker's static identity in its group (streams/core/membership.py): --instance-id,
+    else this host's slot for the server (held until the process exits); None: dynamic."""
+    if settings.instance_id is not None:
+        log.info("static member %s of group %s (--instance-id)", settings.instance_id, group)
+        return settings.instance_id
+    if not settings.static_membership:
+        return None
+    state_dir = Path(observe.state_dir) if observe.state_dir else default_state_dir()
+    claim = claim_slot(state_dir, group, settings.server)
+    log.info(
+        "static member %s of group %s (slot %d of this host for %s)",
+        claim.instance_id,
+        group,
+        claim.slot,
+        settings.server,
+    )
+    return claim.instance_id
+
+
 def build_generate_app(
     settings: GenerateSettings,
     observe: ObserveSettings | None = None,
     once: OnceSettings | None = None,
 ) -> tuple[faust.App, GenerateWorker]:
     kafka = settings.kafka
+    observe = observe or ObserveSettings()
+    member = member_id(settings, observe, kafka.group(GENERATE_GROUP))
     app = create_app(
         kafka.group(GENERATE_GROUP),
         kafka,
         # Prefetch bounds what a worker holds beyond its in-flight requests, so a slow server
         # does not sit on a backlog that idle workers could take.
         prefetch=generate_prefetch(settings.starting_concurrency),
-        instance_id=settings.instance_id,
+        instance_id=member,
     )
     stats = GenerateStats()
     backoff = generate_backoff(settings)  # the worker's, the ledger's and the leases' waits
     metrics = GenerateMetrics(settings.server, declared(GenerateStats))
-    observe = observe or ObserveSettings()
     # each prompt once per generation settings (ledger), optionally stealing at the end
     once = once or OnceSettings()
-    identity = settings.instance_id or settings.server
+    identity = member or settings.server
     guard = CrashGuard(observe.state_dir, f"{kafka.group(GENERATE_GROUP)}-{identity}")
     worker = GenerateWorker(
         settings,

@@ -3,8 +3,9 @@
 Two generate workers share 4 partitions with a backlog in each; one is killed with SIGKILL and
 restarted at once. Every partition must move again (its committed offset passes where it was
 at the kill) within RECOVERY_BOUND_S, with the default settings (session timeout included):
-with `--instance-id` (static membership: the restart takes its old place, no rebalance) and
-without (the dead member is dropped after the session timeout, then one rebalance).
+with `--instance-id` (static membership, as by default: the restart takes its old place, no
+rebalance) and with `--no-static-membership` (the dead member is dropped after the session
+timeout, then one rebalance).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def test_a_killed_and_restarted_worker_resumes_within_the_bound(
     env = {"DRAFTGEN_KAFKA_SESSION_TIMEOUT_S": ""}
 
     def worker(name: str) -> object:
-        extra = ("--instance-id", name) if static else ()
+        extra = ("--instance-id", name) if static else ("--no-static-membership",)
         return pipeline.generate(url, "--concurrency", "4", *extra, name=name, env=env)
 
     victim, survivor = worker("g1"), worker("g2")

@@ -88,7 +88,9 @@ def test_a_worker_stopped_mid_run_hands_its_partitions_back(pipeline, write_prom
     wait_for(lambda: requests_served(urls[1]) >= 30, 60, "both workers busy")
     wait_for(lambda: requests_served(urls[0]) >= 30, 60, "both workers busy")
 
-    generators[1].stop()  # SIGTERM: leaves the group, its partitions move to the other worker
+    # SIGTERM: a static member (the default) sends no LeaveGroup, so its partitions move to the
+    # other worker once its session times out
+    generators[1].stop()
     stopped_at = requests_served(urls[1])
     remaining_at_stop = PROMPTS - topic_size(pipeline.kafka)
     before = requests_served(urls[0])

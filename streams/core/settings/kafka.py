@@ -111,10 +111,12 @@ class KafkaSettings(Settings):
     # What the pipeline's producers compress with: a 128K-token completion is ~1.6 MB of JSON,
     # ~2.5x smaller gzipped. gzip needs no extra package (lz4/zstd/snappy need cramjam).
     compression: Compression = "gzip"
-    # Group liveness: a crashed consumer's partitions move after the session timeout, and a
-    # restarted one without --instance-id waits for its dead predecessor to expire. Heartbeats
-    # are sent every session/10 s from the event loop, which never blocks (tokenizing runs in a
-    # thread), so 10 s is safe and keeps recovery after kill -9 within ~15 s (README).
+    # Group liveness: a crashed consumer's partitions move after the session timeout (also a
+    # static member's that is not restarted: it sends no LeaveGroup, even when stopped), and a
+    # dynamic one restarted waits for its dead predecessor to expire. Heartbeats are sent from
+    # the event loop, which never blocks (tokenizing runs in a thread), so 10 s is safe and
+    # keeps recovery after kill -9 within ~15 s (README), and a static worker restarted within
+    # it is back on its partitions without a rebalance (streams/core/membership.py).
     session_timeout_s: float = setting(10.0, gt=0)
     # a generation may take minutes, so the poll interval is long (faust default: 300 s)
     max_poll_interval_s: float = setting(1000.0, gt=0)
@@ -148,7 +150,11 @@ class KafkaSettings(Settings):
 
     @property
     def heartbeat_interval_s(self) -> float:
-        return max(1.0, self.session_timeout_s / 10)
+        """A heartbeat's answer is how a member learns that a rebalance began (a worker joined
+        or left): each rebalance waits up to one interval for every member to rejoin, so a
+        short one lets a fleet that starts together settle within ~0.3 s of its last join
+        (BENCHMARKS.md, "Fleet start"). A heartbeat is a few bytes; 4 a second per worker."""
+        return min(0.25, self.session_timeout_s / 10)
 
     def topic(self, name: str) -> str:
         return f"{self.topic_prefix}{name}"

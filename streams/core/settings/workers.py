@@ -96,11 +96,22 @@ class GenerateSettings(Settings):
     backoff_max_s: float = setting(60.0, gt=0)
     # longest gap between two health probes of a server that is down
     health_interval_s: float = setting(2.0, gt=0)
-    # static membership: a restart with the same id does not rebalance the group
+    # static membership (streams/core/membership.py): a restart with the same id takes its old
+    # place and partitions without a rebalance. None: this host, the server and the first slot
+    # free on this host for that server (a lock file in --state-dir), unless turned off below
     instance_id: SafeName | None = setting(
         None,
         cli=True,
-        help="static group membership id: a restart does not rebalance",
+        help="static group membership id, unique per live worker (default: this host's name, "
+        "the server and a slot free on this host)",
+    )
+    # off: a stopped worker leaves the group at once (its partitions move without waiting for
+    # the session timeout), and a restarted one is a new member: one rebalance each way
+    static_membership: bool = setting(
+        True,
+        cli=True,
+        help="join as a dynamic member: a stopped worker's partitions move at once, but every "
+        "restart rebalances the group",
     )
 
     @property
@@ -245,9 +256,11 @@ class ObserveSettings(Settings):
         ge=0,
     )
     rate_window_s: float = setting(30.0, gt=0)
-    # the crash record (streams/core/crash_guard.py); None: ~/.local/state/draftgen
+    # the crash record (streams/core/crash_guard.py) and a generate worker's member slot
+    # (streams/core/membership.py); None: ~/.local/state/draftgen
     state_dir: str | None = setting(
         None,
         cli=True,
-        help="where the worker notes a record it crashed on (default ~/.local/state/draftgen)",
+        help="where the worker notes a record it crashed on and holds its member slot "
+        "(default ~/.local/state/draftgen)",
     )
