@@ -176,6 +176,7 @@ class Saturation(Bench):
         def cpu() -> dict[str, float]:
             return {k: sum(cpu_s(p) for p in v if p) for k, v in pids.items()}
 
+        time.sleep(10)  # the broker settles after the topics' creation and the join
         idle0, idle_at = cpu(), time.monotonic()
         time.sleep(a.idle_s)
         idle1, idle_span = cpu(), time.monotonic() - idle_at
@@ -227,6 +228,11 @@ class Saturation(Bench):
             "worker_peak_rss_mib": rss,
         }
         result["other_cores"] = result["machine_cores"] - sum(result["cores"].values())
+        # beyond what the process spends idle (heartbeats, fetch polls, commit ticks)
+        result["marginal_cpu_ms_per_prompt"] = {
+            k: 1000 * (used[k] - result["idle_cores"][k] * span) / count
+            for k in result["idle_cores"]
+        }
         if profile is not None and profile.raw.exists():
             result["profile"] = {
                 "worker": 0,
@@ -274,7 +280,7 @@ def print_size(r: dict[str, Any], a: argparse.Namespace) -> None:
     o = r["occupancy"]
     steady = "n/a (never every slot busy)" if o["steady"] is None else f"{o['steady']:.3f}"
     print(
-        f"  occupancy: steady {steady} (busy incl. waste {o['steady_busy'] or 0:.3f}; "
+        f"  occupancy: steady {steady} (with waste {o['steady_busy'] or 0:.3f}; "
         f"{o['steady_from_s'] or 0:.0f}-{o['steady_to_s']:.0f} s); whole run {o['whole']:.3f} "
         f"in {o['wall_s']:.0f} s against the best {o['whole_ideal']:.3f} in {o['ideal_s']:.0f} s "
         f"= {o['whole_vs_ideal']:.3f} of the best; /stats mean running "
@@ -282,48 +288,62 @@ def print_size(r: dict[str, Any], a: argparse.Namespace) -> None:
         flush=True,
     )
     print(
-        f"  extra requests {o['extra_requests']}, wasted {o['wasted_slot_s']:.0f} slot-s, "
-        f"server overhead {o['overhead_ms']:.0f} ms/request; committed at "
-        f"{r['committed_s']:.0f} s (publish {r['publish_s']:.1f} s)",
+        f"  extra requests {o['extra_requests']}, wasted {o['wasted_slot_s']:.0f} slot-s; "
+        f"requests took {o['stretch']:.4f}x tokens/rate (best of tokens/rate: "
+        f"{o['ideal_tokens_s']:.0f} s); committed at {r['committed_s']:.0f} s "
+        f"(publish {r['publish_s']:.1f} s)",
         flush=True,
     )
-    per = r["cpu_ms_per_prompt"]
-    cores = r["cores"]
+    per, marginal, cores = r["cpu_ms_per_prompt"], r["marginal_cpu_ms_per_prompt"], r["cores"]
     print(
         "  CPU-ms/prompt: "
         + ", ".join(f"{k} {per[k]:.1f}" for k in per)
-        + "; cores: "
+        + "; beyond idle: "
+        + ", ".join(f"{k} {marginal[k]:.1f}" for k in marginal)
+        + "\n  cores: "
         + ", ".join(f"{k} {cores[k]:.3f}" for k in cores)
-        + f"; machine {r['machine_cores']:.2f} (rest {r['other_cores']:.2f}); idle cores: "
+        + f"; machine {r['machine_cores']:.2f} (other processes {r['other_cores']:.2f}); idle: "
         + ", ".join(f"{k} {v:.3f}" for k, v in r["idle_cores"].items()),
         flush=True,
     )
     profile = r.get("profile")
     if profile:
-        # the shares of the busy samples, applied to a worker's CPU per prompt
-        worker_ms = per["workers"]
-        print(f"  profile of worker 0 ({profile['samples']} busy samples):", flush=True)
-        for name, share in profile["by_place"][:12]:
-            print(f"    {share:6.1%} ~{share * worker_ms:5.2f} CPU-ms/prompt  {name}", flush=True)
+        # the shares of the samples outside the loop's wait, applied to a worker's CPU
+        worker_ms = per["workers"] * (1 - profile["event_loop_share"])
+        print(
+            f"  profile of worker 0: {profile['samples']} samples, "
+            f"{profile['event_loop_share']:.0%} in the event loop itself (epoll wait); of the "
+            f"rest (~{worker_ms:.1f} CPU-ms/prompt):",
+            flush=True,
+        )
+        for name, share in profile["by_owner"][:10]:
+            print(f"    {share:6.1%} ~{share * worker_ms:5.2f} ms  {name}", flush=True)
+        print("    draftgen functions, inclusive:", flush=True)
         for name, share in profile["draftgen_inclusive"][:8]:
-            print(f"    {share:6.1%} inclusive  {name}", flush=True)
+            print(f"    {share:6.1%}  {name}", flush=True)
 
 
-def limits(results: list[dict[str, Any]], a: argparse.Namespace) -> list[str]:
-    """Where on this machine CPU, not the design, would stop adding servers."""
+def limits(results: list[dict[str, Any]]) -> list[str]:
+    """Where on this machine CPU, not the design, would stop adding servers: the cores the
+    workers and the broker used over the run, less the broker's idle, per server, into the
+    cores there are (less the broker's idle); the emulators' share shown apart."""
     cores = os.cpu_count() or 1
     lines = []
-    per_server = a.slots * a.tokens_per_s / a.mean_output  # requests/s a server finishes
     for r in results:
-        per = r["cpu_ms_per_prompt"]
-        pipeline = per["workers"] + per["broker"]
-        everything = pipeline + per["emulators"] + per["benchmark"]
+        servers, used, idle = r["servers"], r["cores"], r["idle_cores"]
+        per_server = (used["workers"] + used["broker"] - idle["broker"]) / servers
+        emulators = used["emulators"] / servers
+        free = cores - idle["broker"]
+        if per_server <= 0:
+            lines.append(f"{servers} server(s): the broker's idle was above its run: no estimate")
+            continue
         lines.append(
-            f"{r['servers']} server(s): pipeline {pipeline:.1f} CPU-ms/prompt (workers "
-            f"{per['workers']:.1f}, broker {per['broker']:.1f}): {cores} cores would drive "
-            f"~{cores * 1000 / pipeline / per_server:.0f} servers of this kind "
-            f"({per_server:.2f} prompts/s each); with the emulators and the benchmark on the same "
-            f"cores ~{cores * 1000 / everything / per_server:.0f}"
+            f"{servers} server(s): workers and broker {per_server:.3f} cores a server "
+            f"(workers {used['workers'] / servers:.3f}, of it idle "
+            f"{idle['workers'] / servers:.3f}), broker idle {idle['broker']:.3f}, emulators "
+            f"{emulators:.3f} a server: {cores} cores would drive ~{free / per_server:.0f} "
+            f"servers at this rate (~{free / (per_server + emulators):.0f} with the emulators "
+            "on the same cores)"
         )
     return lines
 
@@ -338,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-output", type=int, default=8192, help="the workers' --max-tokens")
     parser.add_argument("--pool", type=int, default=512, help="distinct outputs (<= 1024)")
     parser.add_argument("--vocab", choices=("tiny", "qwen"), default="qwen")
-    parser.add_argument("--idle-s", type=float, default=10.0, help="idle CPU measured this long")
+    parser.add_argument("--idle-s", type=float, default=30.0, help="idle CPU measured this long")
     parser.add_argument("--profile-s", type=float, default=60.0, help="py-spy this long (0: no)")
     parser.add_argument("--profile-at", type=float, default=60.0, help="s after the publish")
     parser.add_argument(
@@ -367,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         for servers in sizes:
             results.append(bench.run_size(servers))
     print()
-    for line in limits(results, args):
+    for line in limits(results):
         print(line)
     if args.json:
         settings = {k: str(v) for k, v in vars(args).items()}
