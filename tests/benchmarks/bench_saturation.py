@@ -211,6 +211,7 @@ class Saturation(Bench):
             "slots": servers * a.slots,
             "prompts": count,
             "output_tokens": sum(tokens),
+            "published_at": t0,  # the clock's zero (epoch s), for the request logs
             "publish_s": published - t0,
             "last_completion_s": last_completion - t0,
             "committed_s": span,
@@ -294,6 +295,16 @@ def print_size(r: dict[str, Any], a: argparse.Namespace) -> None:
         f"(publish {r['publish_s']:.1f} s)",
         flush=True,
     )
+    if o["steady_by_server"]:
+        refill = o["refill_ms"] or (0.0, 0.0)
+        print(
+            "  steady by server: "
+            + " ".join(f"{share:.3f}" for share in o["steady_by_server"])
+            + "; each server's last start (s): "
+            + " ".join(f"{t:.0f}" for t in o["last_start_by_server"])
+            + f"; a freed slot refilled in {refill[0]:.0f} ms (median), {refill[1]:.0f} ms (p90)",
+            flush=True,
+        )
     per, marginal, cores = r["cpu_ms_per_prompt"], r["marginal_cpu_ms_per_prompt"], r["cores"]
     print(
         "  CPU-ms/prompt: "

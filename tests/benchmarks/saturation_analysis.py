@@ -4,7 +4,9 @@ py-spy profile summarised by where the time went."""
 
 from __future__ import annotations
 
+import bisect
 import os
+import statistics
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -21,20 +23,21 @@ class Request:
     start: float
     end: float
     outcome: str  # compose/emulator/request_log.py: ok, cut, reset, http_N, gone
+    server: int = 0  # index of the server (of its request log)
 
 
 def read_requests(paths: list[Path], digests: dict[str, int]) -> tuple[list[Request], int]:
     """Every generation request of a known prompt, and how many others (each worker's probe
     for token ids) there were."""
     found, others = [], 0
-    for path in paths:
+    for server, path in enumerate(paths):
         for line in path.read_bytes().splitlines():
             entry = orjson.loads(line)
             index = digests.get(entry["prompt"])
             if index is None:
                 others += 1
                 continue
-            found.append(Request(index, entry["start"], entry["end"], entry["outcome"]))
+            found.append(Request(index, entry["start"], entry["end"], entry["outcome"], server))
     return found, others
 
 
@@ -79,6 +82,13 @@ class Occupancy:
     wasted_slot_s: float  # slot-seconds of requests whose answer was not kept
     extra_requests: int  # requests beyond one per prompt
     stretch: float  # kept requests' observed durations / (tokens / rate), summed
+    # per server: kept slot-seconds / (its slots x the steady window), and when (from the
+    # publish) its last prompt started: a server low here ran out of prompts before the others
+    steady_by_server: list[float] | None
+    last_start_by_server: list[float]
+    # a slot freed in the steady window: the median and 90th percentile time to its server's
+    # next request (the worker's turnaround: answer read, completion produced, next sent)
+    refill_ms: tuple[float, float] | None
 
     @property
     def whole_vs_ideal(self) -> float:
@@ -128,6 +138,7 @@ def occupancy(
         steady = busy_integral(useful, full, last_start) / window
         steady_busy = busy_integral(every, full, last_start) / window
     kept_ids = {id(r) for r in answers.values()}
+    by_server = _by_server(list(answers.values()), servers, slots_per_server, full, last_start)
     return Occupancy(
         slots=slots,
         wall_s=wall,
@@ -143,7 +154,37 @@ def occupancy(
         wasted_slot_s=sum(r.end - r.start for r in requests if id(r) not in kept_ids),
         extra_requests=len(requests) - len(tokens),
         stretch=sum(observed) * tokens_per_s / sum(tokens),
+        steady_by_server=by_server[0],
+        last_start_by_server=[t - t0 for t in by_server[1]],
+        refill_ms=by_server[2],
     )
+
+
+def _by_server(
+    answers: list[Request], servers: int, slots: int, full: float | None, last: float
+) -> tuple[list[float] | None, list[float], tuple[float, float] | None]:
+    shares: list[float] = []
+    last_starts: list[float] = []
+    gaps: list[float] = []
+    for server in range(servers):
+        mine = [(r.start, r.end) for r in answers if r.server == server]
+        last_starts.append(max((s for s, _ in mine), default=0.0))
+        if full is None or last <= full:
+            continue
+        shares.append(busy_integral(mine, full, last) / (slots * (last - full)))
+        starts = sorted(s for s, _ in mine if s >= full)
+        later = 0
+        for end in sorted(e for _, e in mine if full <= e <= last):
+            later = bisect.bisect_left(starts, end, later)
+            if later == len(starts):
+                break
+            gaps.append(starts[later] - end)
+            later += 1
+    refill = None
+    if gaps:
+        gaps.sort()
+        refill = (1000 * statistics.median(gaps), 1000 * gaps[int(0.9 * (len(gaps) - 1))])
+    return (shares or None), last_starts, refill
 
 
 # -- CPU ---------------------------------------------------------------------------------------
