@@ -46,6 +46,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,7 @@ READY_LINE = "generating with model"
 # -- best possible -----------------------------------------------------------------------------
 
 
-def best_possible(tokens: list[int], servers: int, slots: int, tokens_per_s: float) -> float:
+def best_possible(tokens: Sequence[float], servers: int, slots: int, tokens_per_s: float) -> float:
     """List scheduling in arrival order onto the earliest free slot; the makespan."""
     free = [0.0] * (servers * slots)
     heapq.heapify(free)

@@ -68,7 +68,9 @@ class WorkerSampler(threading.Thread):
         }
 
 
-async def watch_end(kafka: Any, count: int, workers: list[Any]) -> tuple[float, float]:
+async def watch_end(
+    kafka: Any, count: int, workers: list[Any], timeout_s: float = 1800.0
+) -> tuple[float, float]:
     """(time the last prompt's first completion landed, time every prompt was committed)."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.admin import AIOKafkaAdminClient
@@ -101,7 +103,7 @@ async def watch_end(kafka: Any, count: int, workers: list[Any]) -> tuple[float, 
                         last_completion = time.time()
 
     reading = asyncio.create_task(read())
-    deadline = time.monotonic() + 1800
+    deadline = time.monotonic() + timeout_s
     try:
         while True:
             committed = await admin.list_consumer_group_offsets(kafka.group(GENERATE_GROUP))
@@ -112,7 +114,7 @@ async def watch_end(kafka: Any, count: int, workers: list[Any]) -> tuple[float, 
                 await asyncio.wait_for(reading, 60)
                 return last_completion, done
             if time.monotonic() > deadline:
-                raise RuntimeError("run did not finish in 1800 s")
+                raise RuntimeError(f"run did not finish in {timeout_s:.0f} s")
             for worker in workers:
                 if not worker.alive():
                     raise RuntimeError(f"worker exited; see {worker.log_path}")
