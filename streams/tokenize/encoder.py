@@ -100,13 +100,16 @@ class TextEncoder:
             return self.reference(texts)
         return ids
 
-    def spells(self, ids: npt.NDArray[np.int32], text: str) -> bool | None:
+    def spells(
+        self, ids: npt.NDArray[np.int32], text: str, *, normalized: bool = False
+    ) -> bool | None:
         """Whether `ids` decode to `text` with the same added tokens at the same places, so
         that they are its encoding if they are canonical (a tokenizer's output, not a model's
-        samples); None: this encoder cannot tell (no twin), encode the text instead."""
+        samples); `normalized`: and the text is as the normalizer leaves it (else no encoding
+        spells it). None: this encoder cannot tell (no twin), encode the text instead."""
         self.prepare()
         twin = self._twin
-        return None if twin is None else twin.spells(ids, text)
+        return None if twin is None else twin.spells(ids, text, normalized=normalized)
 
     def reference(self, texts: Sequence[str]) -> list[list[int]]:
         if not texts:
@@ -169,8 +172,10 @@ class BpeTwin:
                 ids += self.encoding.encode_ordinary(part)
         return ids
 
-    def spells(self, ids: npt.NDArray[np.int32], text: str) -> bool:
-        """`ids` decode to `text`, split at the same added tokens: a lookup, no BPE."""
+    def spells(self, ids: npt.NDArray[np.int32], text: str, *, normalized: bool = False) -> bool:
+        """`ids` decode to `text`, split at the same added tokens: a lookup, no BPE.
+        `normalized`: and every text between the added tokens is NFC (if the tokenizer
+        normalizes), as the text of an encoding is."""
         decoder = self._decoder
         if decoder is None:
             decoder = self._decoder = _Decoder(self.encoding, self.added)
@@ -183,6 +188,10 @@ class BpeTwin:
             return False
         # the same added tokens at the same places: then the texts between them are the same
         parts = self._split.split(text) if self._split else [text]
+        if normalized and self.nfc:
+            for part in parts[::2]:
+                if not (part.isascii() or unicodedata.is_normalized("NFC", part)):
+                    return False
         at = np.flatnonzero(decoder.added[ids])
         if 2 * len(at) + 1 != len(parts):
             return False

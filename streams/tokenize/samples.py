@@ -33,8 +33,17 @@ prompt ids spell the rendered prompt (the same text, the same added tokens; a de
 the prompt is not encoded again (the encoding is most of the check's cost). That the server
 tokenizes as this tokenizer does is checked as the builder runs: one such prompt of every batch
 is encoded by the tokenizer, and so is every drifted sample; a difference and every prompt is
-encoded from then on, with a warning (docs/failures.md). The turn, which the model sampled and
-whose ids need not be the canonical encoding of its text, is always encoded. Error kinds:
+encoded from then on, with a warning (docs/failures.md).
+
+The turn's ids the model sampled: what the drift check is for, the template's and the family
+format's text (wrappers, think tags, tool-call syntax, end of turn) and the tokenizer's
+vocabulary, is all in whether they spell the rendered turn (its bytes, its added tokens at their
+places, its text NFC as the normalizer leaves it). So a turn they spell is not encoded either
+(`encode_turns=False`, the default): what that leaves out is a model that sampled its own text
+in other tokens than the text's encoding (a word as two pieces), which is not drift of the
+template or the tokenizer and is not counted as drift unless every turn is encoded
+(`encode_turns=True`); in a sample that drifted anyway, the turn is re-encoded like the rest.
+Error kinds:
 template_error, prefix_mismatch, bad_tool_arguments, bad_tool_call, bad_message,
 bad_token_ids, token_out_of_range, too_few_loss_tokens, encode_error, bad_normalization.
 """
@@ -65,6 +74,10 @@ from streams.tokenize.sample_types import (
 
 log = logging.getLogger(__name__)
 
+# the server's (prompt, turn) ids that stand for the rendering's encoding, None where not
+Known = tuple[Ids | None, Ids | None]
+NONE_KNOWN: Known = (None, None)
+
 __all__ = [
     "TOKEN_SOURCES",
     "DriftCause",
@@ -89,6 +102,7 @@ class SampleBuilder:
         template_kwargs: Mapping[str, Any] | None = None,
         min_loss_tokens: int = 1,
         encoder: EncoderChoice = "auto",
+        encode_turns: bool = False,
     ) -> None:
         if prefer not in TOKEN_SOURCES:
             raise ValueError(f"prefer must be one of {TOKEN_SOURCES}, not {prefer!r}")
@@ -104,6 +118,9 @@ class SampleBuilder:
         # (until one that spells it is not its encoding); which of a batch's is checked
         self.trust_server_prompts = True
         self._probes = 0
+        # True: every turn encoded (a turn the model sampled in other tokens than its text's
+        # encoding is drift); False: the server's turn ids that spell the turn stand for it
+        self.encode_turns = encode_turns
 
     # -- public ---------------------------------------------------------------------------
 
@@ -130,7 +147,7 @@ class SampleBuilder:
                 except SampleError as err:
                     rendered[i] = err
 
-        known = self._known_prompts(servers, rendered)
+        known = self._known(servers, rendered)
         encoded = self._encode(rendered, self.encoder.encode_batch, known)
         assembled = {i: self._assemble(server, encoded.get(i)) for i, server in servers.items()}
         if self.encoder.twin or known:
@@ -185,37 +202,44 @@ class SampleBuilder:
 
     # -- tokens ---------------------------------------------------------------------------
 
-    def _known_prompts(
+    def _known(
         self,
         servers: Mapping[int, tuple[Ids, Ids] | None],
         rendered: Mapping[int, RenderedText | SampleError],
-    ) -> dict[int, Ids]:
-        """The server's prompt ids that spell the rendered prompt, by completion: they stand for
-        its encoding (the module's docstring). One of them is encoded by the tokenizer all the
-        same, a different one each batch; if its ids differ, none is trusted from then on."""
-        if not (self.trust_server_prompts and self.prefer == "server"):
+    ) -> dict[int, Known]:
+        """The server's ids that stand for the encoding of the rendered prompt and turn, by
+        completion (the module's docstring): prompt ids that spell the prompt, and, unless
+        every turn is encoded, turn ids that spell the turn. One of the prompts is encoded by
+        the tokenizer all the same, a different one each batch; if its ids differ, no prompt
+        is trusted from then on."""
+        if self.prefer != "server":
             return {}
-        known: dict[int, Ids] = {}
+        prompts, turns = self.trust_server_prompts, not self.encode_turns
+        if not (prompts or turns):
+            return {}
+        spells = self.encoder.spells
+        known: dict[int, Known] = {}
         for i, item in rendered.items():
             server = servers.get(i)
-            if (
-                server is not None
-                and isinstance(item, RenderedText)
-                and self.encoder.spells(server[0], item.prompt)
-            ):
-                known[i] = server[0]
-        if not known:
+            if server is None or not isinstance(item, RenderedText):
+                continue
+            prompt = server[0] if prompts and spells(server[0], item.prompt) else None
+            turn = server[1] if turns and spells(server[1], item.turn, normalized=True) else None
+            if prompt is not None or turn is not None:
+                known[i] = (prompt, turn)
+        spelled = {i: prompt for i, (prompt, _) in known.items() if prompt is not None}
+        if not spelled:
             return known
-        probe = list(known)[self._probes % len(known)]
+        probe = list(spelled)[self._probes % len(spelled)]
         self._probes += 1
         try:
             [ids] = self.encoder.reference([cast(RenderedText, rendered[probe]).prompt])
         except Exception:  # encoded the usual way below, where a failure is the sample's
-            del known[probe]
+            known[probe] = (None, known[probe][1])
             return known
-        if not np.array_equal(np.asarray(ids, dtype=np.int32), known[probe]):
+        if not np.array_equal(np.asarray(ids, dtype=np.int32), spelled[probe]):
             self._distrust("a prompt of a batch")
-            return {}
+            return {i: (None, turn) for i, (_, turn) in known.items() if turn is not None}
         return known
 
     def _distrust(self, where: str) -> None:
@@ -233,14 +257,20 @@ class SampleBuilder:
         self,
         rendered: Mapping[int, RenderedText | SampleError],
         encode_batch: Callable[[Sequence[str]], list[list[int]]],
-        known: Mapping[int, Ids] | None = None,
+        known: Mapping[int, Known] | None = None,
     ) -> dict[int, tuple[Ids, int] | SampleError]:
         """(ids, prompt length) per rendered completion, from one batch encode: the prompt and
         the turn encoded separately, as the server encodes the prompt and the model samples;
-        a `known` prompt's ids are those given, only its turn is encoded."""
+        where `known` gives a prompt's or turn's ids, they are taken and that text not encoded."""
         known = known or {}
         pieces = {
-            i: [item.turn] if i in known else [item.prompt, item.turn]
+            i: [
+                text
+                for text, ids in zip(
+                    (item.prompt, item.turn), known.get(i, NONE_KNOWN), strict=True
+                )
+                if ids is None
+            ]
             for i, item in rendered.items()
             if isinstance(item, RenderedText)
         }
@@ -270,13 +300,16 @@ class SampleBuilder:
                 except BaseException as err:
                     out[i] = SampleError("encode_error", f"{type(err).__name__}: {err}")
                     continue
-            if i in known:
-                prompt = known[i]
-                ids = np.concatenate([prompt, np.array(lists[0], dtype=np.int32)])
-                out[i] = (ids, len(prompt))
-            else:
+            given = known.get(i)
+            if given is None:
                 prompt_ids, turn_ids = lists
                 out[i] = (np.array(prompt_ids + turn_ids, dtype=np.int32), len(prompt_ids))
+                continue
+            parts = iter(lists)
+            prompt, turn = (
+                ids if ids is not None else np.array(next(parts), dtype=np.int32) for ids in given
+            )
+            out[i] = (np.concatenate([prompt, turn]), len(prompt))
         return out
 
     def _confirm_drift(
@@ -285,11 +318,12 @@ class SampleBuilder:
         rendered: Mapping[int, RenderedText | SampleError],
         encoded: Mapping[int, tuple[Ids, int] | SampleError],
         assembled: dict[int, Sample | SampleError],
-        known: Mapping[int, Ids],
+        known: Mapping[int, Known],
     ) -> None:
-        """A drift measured with the twin's ids or a known prompt is re-measured with the
+        """A drift measured with the twin's ids or known ids is re-measured with the
         tokenizer's own encoding of both, so that a drift is the tokenizer's, never the twin's
-        (encoder.py) nor the server's prompt ids' (`_known_prompts`)."""
+        (encoder.py) nor the server's prompt ids' (`_known`); a known turn that is not the
+        encoding of its text (the model sampled another spelling) is drift, as when encoded."""
         drifted = {
             i: rendered[i]
             for i, sample in assembled.items()
@@ -301,9 +335,10 @@ class SampleBuilder:
             ours = encoded[i]
             if _same_encoding(confirmed, ours):
                 continue
-            if i in known and not _same_prompt(confirmed, ours):
+            prompt, turn = known.get(i, NONE_KNOWN)
+            if prompt is not None and not _same_prompt(confirmed, ours):
                 self._distrust("a drifted sample")
-            if not _same_turn(confirmed, ours):
+            if turn is None and not _same_turn(confirmed, ours):
                 self.encoder.disable("a sample whose ids differ from the server's")
             assembled[i] = self._assemble(servers[i], confirmed)
 

@@ -207,9 +207,11 @@ async def _run_stage(mode: str, records: list[bytes], tokenizer_dir: Path, args:
             settings, builder, ShardStore(out, "bench"), send, "dead", clock=lambda: now[0]
         )
         timer = Timer()
-        for offset, raw in enumerate(records):
-            tp = _TP("completions", offset % args.partitions)
-            await worker.sink.add(_Event(_Message(tp, offset), b"", raw))
+        for index, raw in enumerate(records):
+            # each partition's offsets in order from 0, as a consumer delivers them (the sink
+            # seeks back to a hole)
+            tp = _TP("completions", index % args.partitions)
+            await worker.sink.add(_Event(_Message(tp, index // args.partitions), b"", raw))
         now[0] = 1e12  # every open window is idle now: write them all
         await worker.sink.flush_idle()
         await worker.sink.drain()

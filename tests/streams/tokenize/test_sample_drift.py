@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from tokenizers import Tokenizer
 
 from streams.core.records import CompletionRecord
 from streams.core.serving import NEWEST
@@ -173,14 +174,18 @@ def _respelled(fam: Family, ids: list[int]) -> list[int]:
     """The same text, its first token of several bytes spelled as its bytes' tokens: not the
     tokenizer's encoding (as a server with another tokenizer would give)."""
     tokens = fam.tokenizer.convert_ids_to_tokens(ids)
-    at = next(i for i, t in enumerate(tokens) if len(t) > 1 and not t.startswith("<|"))
+    added = fam.tokenizer.get_added_vocab()
+    at = next(i for i, t in enumerate(tokens) if len(t) > 1 and t not in added)
     return [*ids[:at], *fam.tokenizer.convert_tokens_to_ids(list(tokens[at])), *ids[at + 1 :]]
 
 
-def test_a_prompt_the_server_spells_is_not_encoded_again(families: dict[str, Family]) -> None:
+@pytest.mark.parametrize("encode_turns", [False, True])
+def test_a_prompt_and_turn_the_server_spells_are_not_encoded_again(
+    families: dict[str, Family], encode_turns: bool
+) -> None:
     qwen = families["qwen36"]
     completion, _, _ = drifted(qwen)
-    builder = qwen.builder()
+    builder = qwen.builder(encode_turns=encode_turns)
     encoded: list[str] = []
     encode_batch = builder.encoder.encode_batch
 
@@ -191,7 +196,8 @@ def test_a_prompt_the_server_spells_is_not_encoded_again(families: dict[str, Fam
     builder.encoder.encode_batch = spy  # type: ignore[method-assign]
     samples = builder.build_many([completion] * 3)
     assert [s.drift for s in samples if isinstance(s, Sample)] == [False] * 3
-    assert encoded and builder.render_prompt(completion) not in encoded
+    assert builder.render_prompt(completion) not in encoded
+    assert encoded == ([builder.render(completion).turn] * 3 if encode_turns else [])
     assert builder.trust_server_prompts
 
 
@@ -217,3 +223,107 @@ def test_prompt_ids_that_spell_but_do_not_encode_the_prompt_drift_and_end_the_tr
     samples = later.build_many([completion, respelled_and_drifted])
     assert isinstance(samples[1], Sample) and samples[1].drift_cause is not None
     assert samples[1].drift_cause.side == "prompt" and not later.trust_server_prompts
+
+
+@st.composite
+def served(draw: st.DrawFn, fam: Family) -> CompletionRecord:
+    """A completion with the server's ids, as a server gives them or changed as drift changes
+    them: a token of the prompt or turn replaced, the turn cut or lengthened, a prompt token
+    spelled as its bytes (another tokenizer)."""
+    change = draw(
+        st.sampled_from(["none", "prompt", "turn", "cut", "longer", "respelled", "verbatim"])
+    )
+    completion = draw(completions())
+    if change == "verbatim":  # characters NFC composes, sampled as they are
+        completion.content += draw(st.sampled_from(["e\u0301", "\u1100\u1161", ">\u0338"]))
+    completion = with_server_ids(fam, completion)
+    prompt, output = as_list(completion.prompt_token_ids), as_list(completion.output_token_ids)
+    vocab = len(fam.tokenizer)
+    if change == "prompt" and prompt:
+        at = draw(st.integers(0, len(prompt) - 1))
+        prompt[at] = (prompt[at] + draw(st.integers(1, vocab - 1))) % vocab
+    elif change == "turn":
+        at = draw(st.integers(0, len(output) - 1))
+        output[at] = (output[at] + draw(st.integers(1, vocab - 1))) % vocab
+    elif change == "cut" and len(output) > 1:
+        output = output[: draw(st.integers(1, len(output) - 1))]
+    elif change == "longer":
+        output = [*output, draw(st.integers(0, vocab - 1))]
+    elif change == "respelled" and any(len(t) > 1 for t in _plain_tokens(fam, prompt)):
+        prompt = _respelled(fam, prompt)
+    elif change == "verbatim":
+        output = _unnormalized(fam, fam.builder().render(completion).turn) or output
+    return replace(completion, prompt_token_ids=prompt, output_token_ids=output)
+
+
+def _unnormalized(fam: Family, text: str) -> list[int] | None:
+    """The text's tokens without the normalizer: ids that spell the text as it is."""
+    backend = getattr(fam.tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    raw = Tokenizer.from_str(backend.to_str())
+    raw.normalizer = None
+    return list(raw.encode(text, add_special_tokens=False).ids)
+
+
+def _plain_tokens(fam: Family, ids: list[int]) -> list[str]:
+    added = fam.tokenizer.get_added_vocab()
+    return [t for t in fam.tokenizer.convert_ids_to_tokens(ids) if t not in added]
+
+
+def _facts(sample: Sample | SampleError) -> tuple[Any, ...]:
+    if isinstance(sample, SampleError):
+        return (sample.kind, sample.message)
+    return (
+        sample.input_ids.dtype.str,
+        sample.input_ids.tobytes(),
+        sample.loss_mask.tobytes(),
+        sample.token_source,
+        sample.drift,
+        sample.drift_position,
+        sample.drift_cause,
+        sample.normalization,
+    )
+
+
+@SETTINGS
+@given(data=st.data())
+def test_turns_spelled_by_the_server_give_the_samples_of_encoded_turns(
+    fam: Family, data: st.DataObject
+) -> None:
+    """Not encoding a turn whose ids spell it changes no sample: ids, mask, drift and cause
+    are the same byte for byte, batch by batch, whatever the server's ids (its tokenizer's
+    turns, changed, cut, lengthened, prompts spelled otherwise)."""
+    batches = data.draw(st.lists(st.lists(served(fam), min_size=1, max_size=4), max_size=3))
+    spelled, encoded = fam.builder(), fam.builder(encode_turns=True)
+    for batch in batches:
+        ours = [_facts(s) for s in spelled.build_many(batch)]
+        theirs = [_facts(s) for s in encoded.build_many(batch)]
+        assert ours == theirs
+    assert spelled.encoder.twin == encoded.encoder.twin
+    assert spelled.trust_server_prompts == encoded.trust_server_prompts
+
+
+def test_a_turn_the_model_spelled_otherwise_is_drift_only_when_turns_are_encoded(
+    families: dict[str, Family],
+) -> None:
+    """The model sampled its text in other tokens than the text's encoding (the same
+    characters, a token as its bytes): not template or tokenizer drift, and not counted as
+    drift unless every turn is encoded; the sample's ids are the server's either way. In a
+    sample that drifted anyway, the turn is re-encoded like the rest."""
+    qwen = families["qwen36"]
+    completion, prompt, output = drifted(qwen)
+    respelled = replace(completion, output_token_ids=_respelled(qwen, output))
+    default = qwen.builder().build(respelled)
+    encoded = qwen.builder(encode_turns=True).build(respelled)
+    server = prompt + as_list(respelled.output_token_ids)
+    assert as_list(default.input_ids) == as_list(encoded.input_ids) == server
+    assert default.drift is False
+    assert encoded.drift is True and encoded.drift_cause is not None
+    assert encoded.drift_cause.side == "turn"
+    both = replace(respelled, prompt_token_ids=prompt[:-1])
+    builder = qwen.builder()
+    sample = builder.build(both)
+    assert sample.drift is True and sample.drift_cause is not None
+    assert sample.drift_cause.side == "prompt"
+    assert builder.encoder.twin and builder.trust_server_prompts
