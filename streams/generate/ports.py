@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import Iterable
 from typing import Protocol
 
+from streams.core.ledger import Claim
 from streams.core.records import CompletionRecord, PromptRecord
 from streams.core.serving import ServerNormalization
 from streams.generate.exact_ids import IdsWay
@@ -62,6 +63,19 @@ class Ledger(Protocol):
     def ended(self, prompt_id: str, settings: str) -> bool: ...
     def add(self, prompt_id: str, settings: str) -> None: ...
     def add_dead(self, prompt_id: str, settings: str) -> None: ...
+    def claim(self, prompt_id: str, settings: str) -> Claim | None:
+        """The claim not released on this prompt, if any (it may have lapsed)."""
+        ...
+
+    async def changed(self) -> None:
+        """Returns at the next record read."""
+        ...
+
+    def sync(self) -> None:
+        """A barrier now: `synced` waits until the ledger is read up to this moment."""
+        ...
+
+    async def synced(self, timeout: float) -> bool: ...
 
 
 class Gate(Protocol):
