@@ -94,9 +94,10 @@ class GenerateSettings(Settings):
     )
     # a revoked prompt's claim in the ledger (streams/generate/once.py): its new owner waits for
     # the old owner's request instead of asking its own server; the old owner renews it every
-    # third of this while the request runs, so a killed worker's claims lapse within it
+    # third of this while the request runs, so a killed worker's claims lapse within it (about
+    # when its session times out and its own partitions move: 10 s)
     claim_s: float = setting(
-        30.0,
+        15.0,
         cli=True,
         help="a revoked prompt's claim, renewed while its old owner finishes the request, lapses "
         "S seconds after its last renewal (a killed worker's)",

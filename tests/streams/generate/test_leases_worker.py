@@ -17,6 +17,7 @@ on the real worker over a model of faust's consumer (commit_model.py).
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 
 import pytest
@@ -350,6 +351,39 @@ def test_a_worker_given_its_own_claimed_prompt_back_waits_for_its_request() -> N
         await settle()
         assert model.client.requests == ["p0-0"] and model.completions() == ["p0-0"]
         assert model.kafka.acked() == [0]
+        await model.close()
+
+    run(scenario)
+
+
+def test_a_sigterm_drain_waits_for_the_claimed_requests_then_returns() -> None:
+    async def scenario() -> None:
+        model = ConsumerModel(partitions=1, records=2, concurrency=4)
+        await model.start_worker()
+        model.assign([0])
+        model.deliver(0)
+        model.deliver(0)
+        await settle()
+        await model.revoke()  # what `drain` does before it leaves the group
+        finishing = asyncio.ensure_future(model.worker.finish_claimed(5))
+        await settle()
+        assert not finishing.done()
+        model.client.end(0, SUCCESS)
+        await settle()
+        assert not finishing.done()  # one still runs
+        model.client.end(0, DEAD_LETTER)  # not ours to dead-letter: released for the new owner
+        await asyncio.wait_for(finishing, 5)
+        assert model.completions() == ["p0-0"] and model.letters() == []
+        assert model.ledger is not None and model.ledger.claims == {}
+        cut = ConsumerModel(partitions=1, records=1, concurrency=4)
+        await cut.start_worker()
+        cut.assign([0])
+        cut.deliver(0)
+        await settle()
+        await cut.revoke()
+        await cut.worker.finish_claimed(0.01)  # the drain's bound: returns with it running
+        assert cut.client.pending and cut.ledger is not None and cut.ledger.claims
+        await cut.close()
         await model.close()
 
     run(scenario)
