@@ -179,9 +179,11 @@ class OnceStage:
                 await self.stage.outbox.send(mark)
                 self.ledger.add_dead(prompt_id, settings)
         finally:
-            await self._release(prompt_id)
-            del self._running[prompt_id]
-            done.set_result(None)
+            try:
+                await self._release(prompt_id)
+            finally:  # also when cancelled while releasing (the worker stops)
+                del self._running[prompt_id]
+                done.set_result(None)
         return completed
 
     # -- claims: the old owner's side -------------------------------------------------------
@@ -263,7 +265,8 @@ class OnceStage:
         await self.ledger.caught_up.wait()
         if not await self.ledger.synced(SYNC_S):
             log.warning("the generated ledger not read up to the assignment within %.0f s", SYNC_S)
-        return self._claim_elsewhere(key, value) is not None
+        # no claim at all, mostly: the prompt record is not parsed for nothing
+        return bool(self.ledger.claims) and self._claim_elsewhere(key, value) is not None
 
     async def until_unclaimed(self, key: bytes, value: bytes) -> None:
         """Until the claim on the prompt no longer holds: its outcome is in the ledger, or the

@@ -5,7 +5,7 @@ KafkaBacklogs)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 from streams.core.ledger import Claim
@@ -63,6 +63,11 @@ class Ledger(Protocol):
     def ended(self, prompt_id: str, settings: str) -> bool: ...
     def add(self, prompt_id: str, settings: str) -> None: ...
     def add_dead(self, prompt_id: str, settings: str) -> None: ...
+    @property
+    def claims(self) -> Mapping[str, Claim]:
+        """Every claim not released, by ledger key."""
+        ...
+
     def claim(self, prompt_id: str, settings: str) -> Claim | None:
         """The claim not released on this prompt, if any (it may have lapsed)."""
         ...
