@@ -3,6 +3,7 @@ Wiring only: the parts are streams/generate/{worker,stage,once,intake,gate,steal
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import faust
@@ -31,6 +32,8 @@ from streams.generate.worker import GenerateWorker, generate_backoff
 from streams.observe.app import install
 from streams.observe.figures import declared
 from streams.observe.metrics import GenerateMetrics
+
+log = logging.getLogger(__name__)
 
 
 def observe_generate(
@@ -136,7 +139,10 @@ def build_generate_app(
     async def on_shutdown(sender: Any, *_: Any, **__: Any) -> None:
         # faust has stopped fetching; the consumer is still in the group
         if settings.drain_s > 0 and worker.once is not None:
-            await drain(app, worker, settings.drain_s)
+            try:
+                await drain(app, worker, settings.drain_s)
+            except Exception:  # the stop goes on: what is not finished is redone by others
+                log.exception("finishing the requests in flight at shutdown failed")
         await worker.stop()
         await starts.close()
 
