@@ -16,7 +16,8 @@
   once its ledger is read up to the moment of its assignment (`Ledger.sync`), waits without a
   request slot for a claim that holds (`claimed`, `until_unclaimed`): then the prompt's outcome
   is in the ledger (skipped), or the claim was released or lapsed (a killed worker's) and it
-  asks its own server.
+  asks its own server. A stolen prompt is claimed so too, before its request: its owner,
+  reaching it, waits for the thief's outcome instead of asking its own server.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ class OnceStage:
         """One prompt taken from another worker's backlog: true if it completed. Failures are
         dropped, not dead-lettered: the owner still has the prompt and decides."""
         try:
-            completed = await self.generate_and_record(key, value, lambda: False)
+            completed = await self.generate_and_record(key, value, lambda: False, claim=True)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -137,6 +138,7 @@ class OnceStage:
         value: bytes,
         keep_dead_letters: Callable[[], bool],
         retry: Callable[[], bool] = _always,
+        claim: bool = False,
     ) -> bool:
         """Generate unless the ledger has its outcome; send the outputs, then record it. The
         ledger (and this process's view of it) learns of a prompt only once its completion or
@@ -146,7 +148,9 @@ class OnceStage:
         when the prompt is no longer ours (`keep_dead_letters()` false: revoked, or stolen) or
         when a completion of it was recorded meanwhile (by the worker it moved from). A
         transient failure is retried only while `retry()`; a claim on the prompt (its partition
-        revoked meanwhile) is released once the outcome, if any, is in the ledger."""
+        revoked meanwhile) is released once the outcome, if any, is in the ledger. `claim`: a
+        stolen prompt, claimed before its request (so its owner, reaching it, waits for it
+        rather than asking its server too), and not taken when another worker's claim holds."""
         await self.ledger.caught_up.wait()
         prompt_id = key.decode("utf-8", "replace")
         regen, regenerate = prompt_mode(value)
@@ -159,9 +163,13 @@ class OnceStage:
             return False
         if not retry():
             return False  # revoked before its request started: its new owner asks
+        if claim and self._claim_elsewhere(key, value) is not None:
+            return False  # another worker generates it now
         done = asyncio.get_running_loop().create_future()
         self._running[prompt_id] = done
         try:
+            if claim:
+                await self._claimed_now([self._hold_for(prompt_id, settings)])
             outputs = await self.stage.outputs(key, value, retry)
             keep = keep_dead_letters() and not self.ledger.contains(prompt_id, settings)
             if not keep:
@@ -197,25 +205,31 @@ class OnceStage:
             prompt_id = (key or b"").decode("utf-8", "replace")
             if not key or prompt_id not in self._running or prompt_id in self._holds:
                 continue  # not requested here (waiting for a slot, or for another's claim)
-            settings = self.settings_key(prompt_mode(value)[0])
-            first, stop = asyncio.Event(), asyncio.Event()
-            task = asyncio.create_task(self._hold(prompt_id, settings, first, stop))
-            self._holds[prompt_id] = (task, stop)
-            written.append(first.wait())
-        if not written:
-            return
+            written.append(self._hold_for(prompt_id, self.settings_key(prompt_mode(value)[0])))
+        if written and await self._claimed_now(written):
+            log.info("partitions revoked: claimed %d prompts whose requests run here", len(written))
+
+    def _hold_for(self, prompt_id: str, settings: str) -> asyncio.Event:
+        """Start holding the prompt's claim; the event is set once it is written."""
+        first, stop = asyncio.Event(), asyncio.Event()
+        task = asyncio.create_task(self._hold(prompt_id, settings, first, stop))
+        self._holds[prompt_id] = (task, stop)
+        return first
+
+    async def _claimed_now(self, written: list[asyncio.Event]) -> bool:
+        """Until these claims are acknowledged, at most `CLAIM_WRITE_S`: whether they were."""
         self.stats.claimed += len(written)
         try:
-            await asyncio.wait_for(asyncio.gather(*written), CLAIM_WRITE_S)
+            await asyncio.wait_for(asyncio.gather(*(w.wait() for w in written)), CLAIM_WRITE_S)
         except TimeoutError:
             log.warning(
-                "claims of %d revoked prompts not acknowledged within %.0f s: their new owner "
-                "may ask its server again",
+                "claims of %d prompts not acknowledged within %.0f s: another worker may ask "
+                "its server for them too",
                 len(written),
                 CLAIM_WRITE_S,
             )
-            return
-        log.info("partitions revoked: claimed %d prompts whose requests run here", len(written))
+            return False
+        return True
 
     async def _hold(
         self, prompt_id: str, settings: str, first: asyncio.Event, stop: asyncio.Event

@@ -54,9 +54,9 @@ class GenerateStats:
     )
     # prompts acked without a request, because the ledger had them (streams/generate/once.py)
     skipped: int = figure("draftgen_generate_skipped", "prompts skipped: already generated")
-    # prompts of revoked partitions claimed, to finish for their new owner; prompts whose claim by
-    # another worker was waited for instead of asking the server (streams/generate/once.py)
-    claimed: int = figure("draftgen_generate_claimed", "revoked prompts claimed to finish")
+    # prompts claimed (of revoked partitions, to finish for their new owner; stolen ones); prompts
+    # whose claim by another worker was waited for instead of asking the server (once.py)
+    claimed: int = figure("draftgen_generate_claimed", "prompts claimed: revoked or stolen")
     awaited: int = figure("draftgen_generate_awaited", "prompts awaited: claimed by another")
     # prompts generated from other workers' backlogs (streams/generate/steal.py)
     stolen: int = figure("draftgen_generate_stolen", "prompts generated from others' backlogs")

@@ -29,7 +29,7 @@ from tests.streams.generate.commit_model import (
     ConsumerModel,
     settle,
 )
-from tests.streams.generate.fakes import run, until
+from tests.streams.generate.fakes import prompt, run, until
 
 CRASH = "crash"
 
@@ -384,6 +384,32 @@ def test_a_sigterm_drain_waits_for_the_claimed_requests_then_returns() -> None:
         await cut.worker.finish_claimed(0.01)  # the drain's bound: returns with it running
         assert cut.client.pending and cut.ledger is not None and cut.ledger.claims
         await cut.close()
+        await model.close()
+
+    run(scenario)
+
+
+def test_a_stolen_prompt_is_claimed_and_its_owner_waits_for_the_thief() -> None:
+    async def scenario() -> None:
+        model = ConsumerModel(partitions=1, records=2, concurrency=4, members=2)
+        await model.start_all()
+        model.assign([0], member=0)
+        thief = model.member(1)
+        pid = "p0-1"
+        stealing = asyncio.ensure_future(thief.worker.run_stolen([(pid.encode(), prompt(pid))]))
+        await settle()
+        assert thief.client.requests == [pid]
+        model.deliver(0)
+        model.deliver(0)  # the owner reaches the stolen offset while the thief generates it
+        await settle()
+        assert model.client.requests == ["p0-0"]  # not p0-1: claimed by the thief
+        assert model.worker.stats.awaited == 1
+        thief.client.end(0, SUCCESS)
+        assert await asyncio.wait_for(stealing, 5) == 1
+        model.client.end(0, SUCCESS)
+        await settle()
+        assert sorted(model.completions()) == ["p0-0", "p0-1"]  # each generated once
+        assert model.kafka.acked() == [0, 1] and model.worker.stats.skipped == 1
         await model.close()
 
     run(scenario)
