@@ -220,7 +220,9 @@ class OnceStage:
         """Until these claims are acknowledged, at most `CLAIM_WRITE_S`: whether they were."""
         self.stats.claimed += len(written)
         try:
-            await asyncio.wait_for(asyncio.gather(*(w.wait() for w in written)), CLAIM_WRITE_S)
+            async with asyncio.timeout(CLAIM_WRITE_S):  # no gather: a stop cancels it cleanly
+                for event in written:
+                    await event.wait()
         except TimeoutError:
             log.warning(
                 "claims of %d prompts not acknowledged within %.0f s: another worker may ask "
