@@ -153,7 +153,8 @@ def create_app(
         broker_rebalance_timeout=kafka.rebalance_timeout_s,
         broker_heartbeat_interval=kafka.heartbeat_interval_s,
         # A rebalance must not wait for generations that take minutes; a revoked partition's
-        # in-flight work is redone by its new owner and the duplicate removed downstream.
+        # in-flight requests are finished by their old owner under a claim that its new owner
+        # waits for (streams/generate/once.py), or redone and the duplicate removed downstream.
         stream_wait_empty=False,
         stream_buffer_maxsize=prefetch,
         broker_max_poll_records=prefetch,

@@ -108,6 +108,10 @@ class Leases:
                 ended.append(lease)
         return ended
 
+    def held(self) -> list[Hashable]:
+        """Partitions with a lease."""
+        return list(self._current)
+
     def not_in(self, assigned: Iterable[Hashable]) -> list[Hashable]:
         """Partitions with a lease outside this assignment: a lease begun between a revocation
         and the assignment that did not give the partition back (to be revoked: `revoke`)."""

@@ -97,15 +97,19 @@ class TopicReader:
         consumer = self._open_consumer()
         ends = await consumer.end_offsets(self.partitions)
         count = 0
-        while not await self._reached(ends):
+        while not await self.reached(ends):
             for record in await self.read():
                 handle(record)
                 count += 1
         return count
 
+    async def ends(self) -> dict[TopicPartition, int]:
+        """Every partition's end offset now (for `reached`)."""
+        return await self._open_consumer().end_offsets(self.partitions)
+
     async def caught_up(self) -> bool:
         """Whether every partition was read up to its end offset seen at `open()`."""
-        return await self._reached(self.ends_at_open)
+        return await self.reached(self.ends_at_open)
 
     async def close(self) -> None:
         """Stop the clients; a later `open()` reads the topic from its beginning again."""
@@ -114,7 +118,8 @@ class TopicReader:
             self.partitions, self.ends_at_open = [], {}
             await consumer.stop()
 
-    async def _reached(self, ends: dict[TopicPartition, int]) -> bool:
+    async def reached(self, ends: dict[TopicPartition, int]) -> bool:
+        """Whether every partition was read up to these end offsets."""
         # The position, not the last record's offset: compaction and transaction markers
         # leave offsets without records at the end of a partition.
         consumer = self._open_consumer()

@@ -65,6 +65,17 @@ def member_id(settings: GenerateSettings, observe: ObserveSettings, group: str) 
     return claim.instance_id
 
 
+async def drain(app: faust.App, worker: GenerateWorker, seconds: float) -> None:
+    """SIGTERM with requests in flight: commit what is acked, claim the rest and stop the
+    consumer (a dynamic member leaves the group and its partitions move now; a static one, the
+    default, keeps them until its session times out; either way their new owners wait for the
+    claims), then finish them for up to `seconds`, their completions kept."""
+    await app.consumer.commit()  # under the leases, which the revocation below ends
+    await worker.revoke_partitions(worker.intake.leases.held())
+    await app.consumer.stop()  # faust's own stop of it later does nothing
+    await worker.finish_claimed(seconds)
+
+
 def build_generate_app(
     settings: GenerateSettings,
     observe: ObserveSettings | None = None,
@@ -136,17 +147,26 @@ def build_generate_app(
         async def steal() -> None:
             await stealer.run()
 
+    # faust rebalances eagerly: every member's revocation handler returns before any partition
+    # is assigned again, so a claim written here is in the ledger before its new owner starts
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # faust types are narrower than its runtime
     async def on_revoked(sender: Any, *args: Any, **_: Any) -> None:
-        worker.forget_partitions(args[0])  # faust sends the revoked set positionally
+        await worker.revoke_partitions(args[0])  # faust sends the revoked set positionally
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def on_assigned(sender: Any, *args: Any, **_: Any) -> None:
+        worker.assigned()  # claims written before now are read before a prompt trusts the ledger
         # a lease begun since the revocation, on a partition this assignment did not give us
-        worker.forget_partitions(worker.intake.leases.not_in(args[0]))
+        await worker.revoke_partitions(worker.intake.leases.not_in(args[0]))
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def on_shutdown(sender: Any, *_: Any, **__: Any) -> None:
+        # faust has stopped fetching; the consumer is still in the group
+        if settings.drain_s > 0 and worker.once is not None:
+            try:
+                await drain(app, worker, settings.drain_s)
+            except Exception:  # the stop goes on: what is not finished is redone by others
+                log.exception("finishing the requests in flight at shutdown failed")
         await worker.stop()
         await starts.close()
 

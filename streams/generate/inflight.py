@@ -56,11 +56,11 @@ class InFlightWindow(Generic[K, E]):
         """Whether this offset is still in flight under this key."""
         return offset in self._pending.get(key, {})
 
-    def forget(self, keys: Iterable[K]) -> int:
-        """Drop ended leases; returns how many in-flight offsets were dropped."""
-        dropped = 0
+    def forget(self, keys: Iterable[K]) -> list[E]:
+        """Drop ended leases; returns the items dropped that were not done yet."""
+        dropped: list[E] = []
         for key in keys:
-            dropped += len(self._pending.pop(key, {}))
+            dropped.extend(e.item for e in self._pending.pop(key, {}).values() if not e.done)
         return dropped
 
     def __len__(self) -> int:

@@ -8,7 +8,9 @@ refilled at once. A prompt's offset is acked (and so committed) only after the s
 delivered its outputs, and only in offset order within its lease (streams/generate/inflight.py).
 A revoked partition's lease ends: its prompts' outputs are no longer ours to dead-letter
 (`owned()`), nor their offsets ours to ack; a copy delivered again under a new lease is a new
-entry, which the old copy's end cannot touch.
+entry, which the old copy's end cannot touch. The requests still running for it are claimed
+(`PromptStage.claim`) before the revocation returns, and finished for the new owner; a prompt
+that another worker claimed so waits for that claim without a request slot (`claimed`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,16 @@ class PromptStage(Protocol):
     ) -> None:
         """Generate and deliver; never raises but for cancellation."""
         ...
+
+    async def claim(self, records: Iterable[tuple[bytes | None, bytes]]) -> None:
+        """Make durable that the requests of these prompts (revoked, in flight) run on here."""
+        ...
+
+    async def claimed(self, key: bytes | None, raw: bytes) -> bool:
+        """Whether another worker is finishing this prompt's request."""
+        ...
+
+    async def until_unclaimed(self, key: bytes, raw: bytes) -> None: ...
 
 
 class Intake:
@@ -102,22 +114,35 @@ class Intake:
         def owned() -> bool:
             return self.leases.holds(lease)
 
-        key = bytes(event.key) if event.key else None
+        key, raw = (bytes(event.key) if event.key else None), bytes(event.value)
+        held = True
         try:
-            await self.stage.handle(key, bytes(event.value), owned, poisoned)
+            if key and poisoned is None and await self.stage.claimed(key, raw):
+                # another worker finishes its request: wait for it without a slot
+                held = False
+                self.stats.in_flight -= 1
+                self._slots.release()
+                await self.stage.until_unclaimed(key, raw)
+                await self._slots.acquire()
+                held = True
+                self.stats.in_flight += 1
+            await self.stage.handle(key, raw, owned, poisoned)
         finally:
-            self.stats.in_flight -= 1
-            self._slots.release()
+            if held:
+                self.stats.in_flight -= 1
+                self._slots.release()
         for done_offset, releasable in self.window.finish(lease, offset):
             self.leases.acked(lease, done_offset)  # raises on an ack out of order: a bug
             releasable.ack()
 
-    def forget(self, partitions: Iterable[Any]) -> None:
+    async def revoke(self, partitions: Iterable[Any]) -> None:
+        """End the partitions' leases; claim the prompts still in flight under them (returns
+        once the claims are durable, or after a bounded wait)."""
         dropped = self.window.forget(self.leases.revoke(partitions))
         if dropped:
-            log.info(
-                "partitions revoked with %d prompts in flight; their new owner redoes them", dropped
-            )
+            log.info("partitions revoked with %d prompts in flight", len(dropped))
+            records = [(bytes(e.key) if e.key else None, bytes(e.value)) for e in dropped]
+            await self.stage.claim(records)
 
     async def start_extra(
         self, jobs: list[Callable[[], Awaitable[bool]]]

@@ -5,9 +5,10 @@ KafkaBacklogs)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
+from streams.core.ledger import Claim
 from streams.core.records import CompletionRecord, PromptRecord
 from streams.core.serving import ServerNormalization
 from streams.generate.exact_ids import IdsWay
@@ -62,6 +63,24 @@ class Ledger(Protocol):
     def ended(self, prompt_id: str, settings: str) -> bool: ...
     def add(self, prompt_id: str, settings: str) -> None: ...
     def add_dead(self, prompt_id: str, settings: str) -> None: ...
+    @property
+    def claims(self) -> Mapping[str, Claim]:
+        """Every claim not released, by ledger key."""
+        ...
+
+    def claim(self, prompt_id: str, settings: str) -> Claim | None:
+        """The claim not released on this prompt, if any (it may have lapsed)."""
+        ...
+
+    async def changed(self) -> None:
+        """Returns at the next record read."""
+        ...
+
+    def sync(self) -> None:
+        """A barrier now: `synced` waits until the ledger is read up to this moment."""
+        ...
+
+    async def synced(self, timeout: float) -> bool: ...
 
 
 class Gate(Protocol):

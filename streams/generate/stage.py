@@ -5,14 +5,17 @@ request errors are retried up to `max_attempts`; a server that is down or refuse
 closes the gate (streams/generate/gate.py) instead, spending nothing of the prompt. Any
 exception while handling one prompt becomes that prompt's dead letter, never a crash. A prompt
 no longer ours (`owned()` false: its partition revoked meanwhile) gets no dead letter from here:
-its new owner redoes it and decides (a completion is still sent: the tokenize stage keeps one).
+its new owner redoes it and decides (a completion is still sent: the tokenize stage keeps one),
+and its transient failures are not retried (`retry()` false): the request running when the
+partition was revoked is its last here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 from streams.core.crash_guard import CRASH_LOOP
 from streams.core.normalize import validate_prompt_messages
@@ -30,6 +33,9 @@ log = logging.getLogger(__name__)
 STAGE = "generate"
 
 Owned = Callable[[], bool]
+
+# a request failed after its prompt's partition was revoked: not retried here
+REVOKED = "revoked"
 
 
 def _always() -> bool:
@@ -90,16 +96,21 @@ class GenerateStage:
                     self.dead_letter("internal_error", message, raw, prompt_id)
                 )
 
-    async def outputs(self, key: bytes | None, value: bytes) -> list[Output]:
-        """Every output of one prompt, for the caller to deliver: one, or one per turn."""
-        return [self._fitting(output, value) for output in await self._outputs(key, value)]
+    async def outputs(
+        self, key: bytes | None, value: bytes, retry: Owned = _always
+    ) -> list[Output]:
+        """Every output of one prompt, for the caller to deliver: one, or one per turn. A
+        transient failure is retried only while `retry()` (the prompt still ours)."""
+        outputs = await self._outputs(key, value, retry)
+        return [self._fitting(output, value) for output in outputs]
 
-    async def _outputs(self, key: bytes | None, value: bytes) -> list[Output]:
+    async def _outputs(self, key: bytes | None, value: bytes, retry: Owned) -> list[Output]:
         planned = regen.conversation_to_regenerate(value)
         if planned is None:
-            return [await self.process(key, value)]
+            return [await self.process(key, value, retry)]
         outputs: list[Output] = []
-        for outcome in await regen.regenerate_turns(*planned, self._generate):
+        generate = functools.partial(self._generate, retry=retry)
+        for outcome in await regen.regenerate_turns(*planned, generate):
             if isinstance(outcome, regen.TurnFailure):
                 payload, pid = outcome.payload.encode(), outcome.prompt_id
                 outputs.append(self.dead_letter(outcome.kind, outcome.message, payload, pid))
@@ -108,7 +119,7 @@ class GenerateStage:
             outputs.append(Completion(outcome.prompt_id.encode(), outcome.encode()))
         return outputs
 
-    async def process(self, key: bytes | None, value: bytes) -> Output:
+    async def process(self, key: bytes | None, value: bytes, retry: Owned = _always) -> Output:
         """One prompt's completion, or its dead letter."""
         try:
             prompt = PromptRecord.decode(value)
@@ -117,7 +128,7 @@ class GenerateStage:
         except RecordError as err:
             return self.dead_letter(err.kind, err.message, value, _prompt_id(key))
         try:
-            completion = await self._generate(prompt)
+            completion = await self._generate(prompt, retry)
         except GenerationError as err:
             return self.dead_letter(err.kind, err.message, value, prompt.prompt_id)
         self._completed(completion)
@@ -127,7 +138,7 @@ class GenerateStage:
         self.stats.completed += 1
         self.stats.output_tokens += int(completion.usage.get("completion_tokens") or 0)
 
-    async def _generate(self, prompt: PromptRecord) -> CompletionRecord:
+    async def _generate(self, prompt: PromptRecord, retry: Owned = _always) -> CompletionRecord:
         attempts = 0
         while True:
             await self.gate.wait_open()
@@ -135,6 +146,13 @@ class GenerateStage:
                 return await self.client.complete(prompt)
             except GenerationError as err:
                 self.stats.errors[err.kind] = self.stats.errors.get(err.kind, 0) + 1
+                if (err.auth or err.transient) and not retry():
+                    raise GenerationError(
+                        REVOKED,
+                        f"{err.kind}, not retried: the prompt's partition was revoked (its new "
+                        "owner decides)",
+                        transient=False,
+                    ) from None
                 if err.auth:
                     # The key, not the prompt: pause the whole worker, spend nothing of the prompt.
                     await self.gate.pause(AUTH)
@@ -155,6 +173,16 @@ class GenerateStage:
                     ) from None
                 self.stats.retries += 1
                 await self.backoff.sleep(attempts)
+
+    # no ledger, no claims: a revoked prompt is redone by its new owner (the intake's PromptStage)
+    async def claim(self, records: Iterable[tuple[bytes | None, bytes]]) -> None:
+        return None
+
+    async def claimed(self, key: bytes | None, value: bytes) -> bool:
+        return False
+
+    async def until_unclaimed(self, key: bytes, value: bytes) -> None:
+        return None
 
     def dead_letter(self, kind: str, message: str, raw: bytes, prompt_id: str | None) -> Letter:
         self.stats.dead_letters += 1
@@ -197,4 +225,4 @@ def _prompt_id(key: bytes | None) -> str | None:
     return key.decode("utf-8", "replace") if key else None
 
 
-__all__ = ["STAGE", "GenerateStage", "Owned"]
+__all__ = ["REVOKED", "STAGE", "GenerateStage", "Owned"]

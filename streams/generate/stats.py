@@ -54,6 +54,10 @@ class GenerateStats:
     )
     # prompts acked without a request, because the ledger had them (streams/generate/once.py)
     skipped: int = figure("draftgen_generate_skipped", "prompts skipped: already generated")
+    # prompts claimed (of revoked partitions, to finish for their new owner; stolen ones); prompts
+    # whose claim by another worker was waited for instead of asking the server (once.py)
+    claimed: int = figure("draftgen_generate_claimed", "prompts claimed: revoked or stolen")
+    awaited: int = figure("draftgen_generate_awaited", "prompts awaited: claimed by another")
     # prompts generated from other workers' backlogs (streams/generate/steal.py)
     stolen: int = figure("draftgen_generate_stolen", "prompts generated from others' backlogs")
     # deliveries its partition's lease refused, unacked (streams/core/leases.py): delivered

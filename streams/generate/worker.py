@@ -214,6 +214,8 @@ class GenerateWorker:
         if self._starting:
             self._starting.cancel()
         self.intake.stop()
+        if self.once is not None:
+            self.once.stop()
         self.gate.close()
         await self.client.close()
         if self.ledger is not None:
@@ -225,8 +227,19 @@ class GenerateWorker:
         """Take one prompt: waits for a free slot and a healthy server, then starts it."""
         await self.intake.submit(event)
 
-    def forget_partitions(self, partitions: Iterable[Any]) -> None:
-        self.intake.forget(partitions)
+    async def revoke_partitions(self, partitions: Iterable[Any]) -> None:
+        """Revoked (or not given back): their requests in flight are claimed and go on."""
+        await self.intake.revoke(partitions)
+
+    async def finish_claimed(self, seconds: float) -> None:
+        """Wait up to `seconds` for the claimed requests (their partitions revoked) to end."""
+        if self.once is not None:
+            await self.once.finish_claimed(seconds)
+
+    def assigned(self) -> None:
+        """Partitions assigned: what the ledger says of claims is read up to now first."""
+        if self.ledger is not None:
+            self.ledger.sync()
 
     # -- a stealer's thief (streams/generate/steal.py) ----------------------------------------
 

@@ -35,7 +35,7 @@ import numpy.typing as npt
 from aiokafka import AIOKafkaProducer
 from tqdm import tqdm
 
-from streams.core.ledger import DEAD, split_key
+from streams.core.ledger import DEAD, outcome_key, split_key
 from streams.core.records import DeadLetter, PromptRecord, RecordError
 from streams.core.settings import (
     COMPLETIONS,
@@ -274,7 +274,10 @@ class Audit:
             self.outcomes.add(turn[0])  # a turn's outcome is its conversation's
 
     def ledger_mark(self, key: bytes | None) -> None:
-        prompt_id = split_key((key or b"").decode("utf-8", "replace").removesuffix(DEAD))[0]
+        text = outcome_key((key or b"").decode("utf-8", "replace"))
+        if text is None:
+            return  # a claim: a request running, no outcome
+        prompt_id = split_key(text.removesuffix(DEAD))[0]
         if prompt_id:
             self.outcome(prompt_id)
 

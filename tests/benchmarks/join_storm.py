@@ -45,7 +45,7 @@ from compose.process import ManagedProcess, stop_together
 from compose.stack import LocalStack
 from producers.publish import publish
 from producers.sources import parse_source_spec
-from streams.core.ledger import DEAD, split_key
+from streams.core.ledger import CLAIM, DEAD, split_key
 from streams.core.records import CompletionRecord, DeadLetter, PromptRecord
 from streams.core.settings import (
     COMPLETIONS,
@@ -554,6 +554,8 @@ async def read_topics(kafka: KafkaSettings) -> Audit:
 
     def ledger(record: Any) -> None:
         key = record.key.decode()
+        if key.endswith(CLAIM):
+            return  # a request running for a revoked prompt: no outcome
         if key.endswith(DEAD):
             audit.ledger_dead.add(split_key(key.removesuffix(DEAD))[0])
         else:

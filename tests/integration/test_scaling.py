@@ -108,12 +108,14 @@ def test_a_worker_stopped_mid_run_hands_its_partitions_back(pipeline, write_prom
 
 def _explain_missing(pipeline, expected: set[str]) -> None:
     """On a timeout: where the missing prompts got to (completions topic, ledger)."""
+    from streams.core.ledger import CLAIM
     from streams.core.settings import GENERATED
     from streams.tools.progress import dataset_figures
 
     done = dataset_figures(pipeline.store()).prompt_ids
     completions = key_counts(pipeline.kafka)
-    ledger = {k.rpartition("@")[0] for k in key_counts(pipeline.kafka, GENERATED)}
+    keys = key_counts(pipeline.kafka, GENERATED)
+    ledger = {k.rpartition("@")[0] for k in keys if not k.endswith(CLAIM)}
     for prompt_id in sorted(expected - done):
         print(
             f"missing {prompt_id}: completions {completions.get(prompt_id, 0)}, "

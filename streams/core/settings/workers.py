@@ -92,6 +92,26 @@ class GenerateSettings(Settings):
     max_attempts: int = setting(
         5, cli=True, help="attempts for transient errors before a dead letter", gt=0
     )
+    # a revoked prompt's claim in the ledger (streams/generate/once.py): its new owner waits for
+    # the old owner's request instead of asking its own server; the old owner renews it every
+    # third of this while the request runs, so a killed worker's claims lapse within it (about
+    # when its session times out and its own partitions move: 10 s)
+    claim_s: float = setting(
+        15.0,
+        cli=True,
+        help="a revoked prompt's claim, renewed while its old owner finishes the request, lapses "
+        "S seconds after its last renewal (a killed worker's)",
+        gt=0,
+    )
+    # SIGTERM: requests in flight are claimed and finished for up to this long before the
+    # worker exits (their partitions move at once; the new owners wait for the claims)
+    drain_s: float = setting(
+        1800.0,
+        cli=True,
+        help="on SIGTERM, finish the requests in flight for up to S seconds (0: drop them; "
+        "their new owners redo them)",
+        ge=0,
+    )
     backoff_initial_s: float = setting(1.0, gt=0)
     backoff_max_s: float = setting(60.0, gt=0)
     # longest gap between two health probes of a server that is down

@@ -5,6 +5,7 @@ integration tests' business; these check the reading logic and each user's recor
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 from aiokafka import TopicPartition
 
 from streams.core import topic_reader, topics
-from streams.core.ledger import LedgerFollower, ledger_key
+from streams.core.ledger import Claim, LedgerFollower, claim_key, ledger_key
 from streams.core.records import DeadLetter
 from streams.core.retry import Backoff
 from streams.core.settings import DEAD_LETTERS, GENERATED, WORKER_STATS, KafkaSettings
@@ -226,6 +227,29 @@ def test_ledger_follower_reads_its_settings_then_follows_through_an_outage(
 
         await wait_for_async(has_c, 5, "the new ledger record", interval=0.001)
         assert broker.fetch_failures == 0 and follower.contains("a", "mine")
+        await follower.stop()
+
+    run(scenario)
+
+
+def test_a_ledger_barrier_returns_once_what_was_written_before_it_is_read(
+    broker: FakeBroker,
+) -> None:
+    """At an assignment, a worker reads the ledger up to that moment before it trusts what it
+    says of claims: a claim written just before (by the partition's old owner) is seen."""
+
+    async def scenario() -> None:
+        topic = KAFKA.topic(GENERATED)
+        broker.create(topic, 2)
+        follower = LedgerFollower(KAFKA, poll_ms=1)
+        await follower.start()
+        await asyncio.wait_for(follower.caught_up.wait(), 5)
+        assert await follower.synced(0.01)  # no barrier yet
+        claim = Claim("old-owner", until=time.time() + 30)
+        broker.append(topic, 1, claim_key("p", "mine").encode(), claim.encode())
+        follower.sync()
+        assert await follower.synced(5)
+        assert follower.claim("p", "mine") == claim
         await follower.stop()
 
     run(scenario)

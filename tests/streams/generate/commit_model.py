@@ -5,7 +5,8 @@ worker one at a time, and a server whose every request waits until the test ends
 Used by the stateful property test (test_commit_property.py) and the scenario tests of
 revocations (test_leases_worker.py): both drive the real `GenerateWorker` (intake, in-flight
 window, ledger, stage) on these, so a commit past a prompt without an outcome shows up as it would
-against Kafka.
+against Kafka. With two members, partitions move between workers: the old owner's claims and the
+new owner's waits for them are part of the interleavings.
 
 What is modelled from faust (faust/transport/consumer.py):
 - `ack`: an acked offset joins the partition's acked list if it is at or past the partition's
@@ -89,48 +90,88 @@ class HeldClient(FakeClient):
 
 @dataclass
 class Partition:
-    assigned: bool = False
+    owner: int | None = None  # the member it is assigned to
     position: int = 0  # the next offset the fetcher delivers
     committed: int = 0  # the group's committed offset in Kafka
     faust_committed: int | None = None  # faust's `_committed_offset[tp]`
     acked: list[int] = field(default_factory=list)  # faust's `_acked[tp]`
 
+    @property
+    def assigned(self) -> bool:
+        return self.owner is not None
+
+
+@dataclass
+class Member:
+    """One worker process of the group: its worker, its server, its agent."""
+
+    worker: GenerateWorker
+    client: HeldClient
+    queue: asyncio.Queue[FakeEvent]
+    agent: asyncio.Task[None]
+
 
 class ConsumerModel:
-    """One worker process on a topic of `partitions` × `records` prompts."""
+    """`members` worker processes of one group on a topic of `partitions` × `records` prompts;
+    they share the topics (one FakeKafka) and the ledger, whose claims each reads as sent."""
 
     def __init__(
-        self, partitions: int, records: int, concurrency: int, ledger: bool = True
+        self,
+        partitions: int,
+        records: int,
+        concurrency: int,
+        ledger: bool = True,
+        members: int = 1,
+        claim_s: float = 30.0,
     ) -> None:
         self.records = records
         self.concurrency = concurrency
+        self.claim_s = claim_s
         self.partitions = {p: Partition() for p in range(partitions)}
         self.kafka = FakeKafka()
         # the ledger topic outlives a worker: shared by all (None: --no-ledger)
         self.ledger = FakeLedger() if ledger else None
+        if self.ledger is not None:
+            self.kafka.followers.append(self.ledger)
         self.seeks: list[tuple[int, int]] = []
         self.guarded_commits = 0
-        self.worker: GenerateWorker
-        self.client: HeldClient
-        self._agent: asyncio.Task[None] | None = None
-        self._queue: asyncio.Queue[FakeEvent] = asyncio.Queue()
+        self.members: list[Member | None] = [None] * members
 
-    # -- the process ------------------------------------------------------------------------
+    # -- the processes ----------------------------------------------------------------------
 
-    async def start_worker(self) -> None:
-        self.client = HeldClient()
-        self.worker = worker_for(
-            self.client,
+    @property
+    def worker(self) -> GenerateWorker:
+        return self.member(0).worker
+
+    @property
+    def client(self) -> HeldClient:
+        return self.member(0).client
+
+    def member(self, index: int) -> Member:
+        member = self.members[index]
+        assert member is not None, "start_worker() first"
+        return member
+
+    async def start_worker(self, index: int = 0) -> None:
+        client = HeldClient()
+        worker = worker_for(
+            client,
             self.kafka,
             ledger=self.ledger,
             concurrency=self.concurrency,
             backoff_initial_s=0.0001,
             backoff_max_s=0.0002,
+            claim_s=self.claim_s,
         )
-        self.connect(self.worker)
-        await self.worker.start()
-        self._queue = asyncio.Queue()
-        self._agent = asyncio.ensure_future(self._run_agent())
+        self.connect(worker)
+        await worker.start()
+        queue: asyncio.Queue[FakeEvent] = asyncio.Queue()
+        agent = asyncio.ensure_future(self._run_agent(worker, queue))
+        self.members[index] = Member(worker, client, queue, agent)
+
+    async def start_all(self) -> None:
+        for index in range(len(self.members)):
+            await self.start_worker(index)
 
     def connect(self, worker: GenerateWorker) -> None:
         """Give the worker what faust gives it in production: the group's committed offsets
@@ -146,62 +187,87 @@ class ConsumerModel:
         self.seeks.append((tp.partition, offset))
         self.partitions[tp.partition].position = offset
 
-    async def _run_agent(self) -> None:
+    @staticmethod
+    async def _run_agent(worker: GenerateWorker, queue: asyncio.Queue[FakeEvent]) -> None:
         while True:
-            event = await self._queue.get()
-            await self.worker.submit(event)
+            event = await queue.get()
+            await worker.submit(event)
+
+    def pending(self) -> list[Request]:
+        """Every request running, of every member."""
+        return [r for m in self.members if m is not None for r in m.client.pending]
+
+    def requests(self) -> list[str]:
+        return [pid for m in self.members if m is not None for pid in m.client.requests]
+
+    def end(self, index: int, outcome: str) -> str:
+        """End the `index`-th request running (of any member) with `outcome`."""
+        request = self.pending()[index % len(self.pending())]
+        for member in self.members:
+            if member is not None and request in member.client.pending:
+                member.client.pending.remove(request)
+        request.answer.set_result(outcome)
+        return request.prompt_id
 
     async def close(self) -> None:
-        """The end of a test: the agent and the worker stopped, their tasks done."""
-        if self._agent is not None:
-            self._agent.cancel()
-        await self.worker.stop()
+        """The end of a test: the agents and the workers stopped, their tasks done."""
+        for member in self.members:
+            if member is not None:
+                member.agent.cancel()
+                await member.worker.stop()
         for _ in range(5):
             await asyncio.sleep(0)
 
-    async def crash(self) -> None:
-        """kill -9: nothing of the process runs on; Kafka keeps what it acknowledged."""
-        assert self._agent is not None
-        self._agent.cancel()
-        await self.worker.stop()
+    async def crash(self, index: int = 0) -> None:
+        """kill -9: nothing of the process runs on; Kafka keeps what it acknowledged; its
+        partitions are revoked from it (its session ends) without its revocation handler."""
+        member = self.member(index)
+        member.agent.cancel()
+        await member.worker.stop()
         await asyncio.sleep(0)
         for part in self.partitions.values():
-            part.assigned = False
-            part.acked.clear()
-            part.faust_committed = None
-        await self.start_worker()
+            if part.owner == index:
+                part.owner = None
+                part.acked.clear()
+                part.faust_committed = None
+        await self.start_worker(index)
 
     # -- the group ----------------------------------------------------------------------------
 
-    def assign(self, partitions: list[int]) -> None:
+    def assign(self, partitions: list[int], member: int = 0) -> None:
+        self.member(member).worker.assigned()
         for p in partitions:
             if p not in self.partitions:
                 continue
             part = self.partitions[p]
-            part.assigned = True
+            part.owner = member
             part.position = part.committed  # perform_seek
             part.faust_committed = part.committed or None
 
-    def revoke(self) -> None:
-        """An eager rebalance: every assigned partition is revoked."""
-        revoked = [p for p, part in self.partitions.items() if part.assigned]
-        for p in revoked:
-            part = self.partitions[p]
-            part.assigned = False
-            part.acked.clear()
-            part.faust_committed = None
-        while not self._queue.empty():  # flow_control.clear(): the agent's buffer
-            self._queue.get_nowait()
-        self.worker.forget_partitions([TP(TOPIC, p) for p in revoked])
+    async def revoke(self) -> None:
+        """An eager rebalance: every assigned partition is revoked, and each member's
+        revocation handler returns (its claims durable) before any assignment."""
+        for index, member in enumerate(self.members):
+            if member is None:
+                continue
+            revoked = [p for p, part in self.partitions.items() if part.owner == index]
+            for p in revoked:
+                part = self.partitions[p]
+                part.owner = None
+                part.acked.clear()
+                part.faust_committed = None
+            while not member.queue.empty():  # flow_control.clear(): the agent's buffer
+                member.queue.get_nowait()
+            await member.worker.revoke_partitions([TP(TOPIC, p) for p in revoked])
 
     def deliver(self, partition: int, skip: int = 0) -> bool:
-        """The fetcher hands the partition's next record to the agent (`skip`: a record the
-        fetcher lost on the way, the consumer-side suspect)."""
+        """The fetcher hands the partition's next record to its owner's agent (`skip`: a
+        record the fetcher lost on the way, the consumer-side suspect)."""
         part = self.partitions.get(partition)
-        if part is None:
+        if part is None or part.owner is None:
             return False
         offset = part.position + skip
-        if not part.assigned or offset >= self.records:
+        if offset >= self.records:
             return False
         part.position = offset + 1
         tp = TP(TOPIC, partition)
@@ -213,7 +279,7 @@ class ConsumerModel:
             key=pid.encode(),
             on_ack=self._on_ack,
         )
-        self._queue.put_nowait(event)
+        self.member(part.owner).queue.put_nowait(event)
         return True
 
     def _on_ack(self, event: FakeEvent) -> None:
@@ -225,11 +291,11 @@ class ConsumerModel:
 
     def commit(self) -> None:
         """faust's periodic commit (`_new_offset` per assigned partition), through the
-        worker's commit guard when it has one."""
-        guard = getattr(self.worker.intake, "leases", None)
+        owner's commit guard when it has one."""
         for p, part in self.partitions.items():
-            if not part.assigned or not part.acked:
+            if part.owner is None or not part.acked:
                 continue
+            guard = getattr(self.member(part.owner).worker.intake, "leases", None)
             new = _new_offset(part)
             if new is None:
                 continue
@@ -247,14 +313,18 @@ class ConsumerModel:
 
     # -- what the topics say ------------------------------------------------------------------
 
+    def completions(self) -> list[str]:
+        return [key.decode() for topic, key, _ in self.kafka.sent if topic == COMPLETIONS]
+
+    def letters(self) -> list[str]:
+        return [
+            letter.prompt_id
+            for topic, _, value in self.kafka.sent
+            if topic == DEAD and (letter := DeadLetter.decode(value)).prompt_id
+        ]
+
     def outcomes(self) -> set[str]:
-        ended = {key.decode() for topic, key, _ in self.kafka.sent if topic == COMPLETIONS}
-        for topic, _, value in self.kafka.sent:
-            if topic == DEAD:
-                letter = DeadLetter.decode(value)
-                if letter.prompt_id:
-                    ended.add(letter.prompt_id)
-        return ended
+        return set(self.completions()) | set(self.letters())
 
     def committed_without_outcome(self) -> list[str]:
         ended = self.outcomes()

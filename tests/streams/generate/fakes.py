@@ -15,7 +15,7 @@ from aiokafka.errors import MessageSizeTooLargeError
 from faust.exceptions import ProducerSendError
 
 from streams.core.families import GENERIC
-from streams.core.ledger import dead_key, ledger_key, split_key
+from streams.core.ledger import LedgerState
 from streams.core.records import CompletionRecord, DeadLetter, PromptRecord
 from streams.core.serving import NEWEST, ServerNormalization
 from streams.core.settings import GenerateSettings, KafkaSettings
@@ -146,6 +146,8 @@ class FakeKafka:
         self.failures_left = 0
         self.failed = 0
         self.refuse_over: int | None = None  # a topic whose max.message.bytes is this
+        # ledgers that read the ledger topic: each record sent to it, as it is acknowledged
+        self.followers: list[LedgerState] = []
 
     async def send(self, topic: str, key: bytes, value: bytes) -> None:
         if self.refuse_over is not None and len(value) > self.refuse_over:
@@ -159,6 +161,9 @@ class FakeKafka:
             raise ConnectionError("broker down")
         self.sent.append((topic, key, value))
         self.journal.append(("sent", (topic, key.decode())))
+        if topic == LEDGER:
+            for follower in self.followers:
+                follower.take(key, value)
 
     def event(self, offset: int, prompt_id: str, tp: TP = PROMPTS0) -> FakeEvent:
         return self.raw_event(offset, prompt_id.encode(), prompt(prompt_id), tp)
@@ -179,15 +184,17 @@ class FakeKafka:
         return self.journal.index(entry)
 
 
-class FakeLedger:
-    """The ledger (`Ledger`), without Kafka."""
+class FakeLedger(LedgerState):
+    """The ledger (`Ledger`), without Kafka: what it says is what the worker added, and what a
+    FakeKafka it follows (`FakeKafka.followers`) sent to the ledger topic."""
 
     def __init__(self) -> None:
-        self.keys: set[str] = set()
+        super().__init__()
         self.caught_up = asyncio.Event()
         self.caught_up.set()
         self.kept: frozenset[str] | None = None
         self.stopped = False
+        self.syncs = 0
 
     async def start(self) -> None:
         pass
@@ -197,19 +204,13 @@ class FakeLedger:
 
     def restrict(self, settings: Iterable[str]) -> None:
         self.kept = frozenset(settings)
-        self.keys = {k for k in self.keys if split_key(k.removesuffix("!dead"))[1] in self.kept}
+        super().restrict(settings)
 
-    def contains(self, prompt_id: str, settings: str) -> bool:
-        return ledger_key(prompt_id, settings) in self.keys
+    def sync(self) -> None:
+        self.syncs += 1
 
-    def add(self, prompt_id: str, settings: str) -> None:
-        self.keys.add(ledger_key(prompt_id, settings))
-
-    def ended(self, prompt_id: str, settings: str) -> bool:
-        return self.contains(prompt_id, settings) or dead_key(prompt_id, settings) in self.keys
-
-    def add_dead(self, prompt_id: str, settings: str) -> None:
-        self.keys.add(dead_key(prompt_id, settings))
+    async def synced(self, timeout: float) -> bool:
+        return True  # a FakeKafka's followers take each record as it is sent
 
 
 class FakeBacklogs:

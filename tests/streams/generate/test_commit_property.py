@@ -2,10 +2,12 @@
 lost when consumers come and go).
 
 Random interleavings of assign, revoke, deliver (also with a record lost on the way), end a
-request (success, dead letter, transient failure), commit and crash, on the real worker over a
-model of faust's consumer (commit_model.py). The invariant, checked after every step: no committed
-offset has an offset below it, in its partition, without an outcome (a completion or a dead letter
-in the topics).
+request (success, dead letter, transient failure), commit and crash, on the real workers of a
+group of two over a model of faust's consumer (commit_model.py): a partition that moves between
+them while its requests run is claimed by its old owner and waited for by its new one, and a
+claim of a crashed worker lapses (`claim_s` short, so lapses while the claimant lives happen too).
+The invariant, checked after every step: no committed offset has an offset below it, in its
+partition, without an outcome (a completion or a dead letter in the topics).
 
 Run against the code before leases (`streams/core/leases.py`), hypothesis found two
 counterexamples (shrunk):
@@ -34,14 +36,19 @@ from tests.streams.generate.commit_model import OUTCOMES, ConsumerModel, settle
 PARTITIONS = 2
 RECORDS = 6
 CONCURRENCY = 2
+MEMBERS = 2
+# short: a claim lapses between steps now and then, as a killed claimant's does
+CLAIM_S = 0.05
 
 
 class CommitMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
-        self.model = ConsumerModel(PARTITIONS, RECORDS, CONCURRENCY)
-        self._run(self.model.start_worker())
+        self.model = ConsumerModel(
+            PARTITIONS, RECORDS, CONCURRENCY, members=MEMBERS, claim_s=CLAIM_S
+        )
+        self._run(self.model.start_all())
 
     def _run(self, step: object) -> None:
         async def then_settle() -> None:
@@ -51,16 +58,36 @@ class CommitMachine(RuleBasedStateMachine):
 
         self.loop.run_until_complete(then_settle())
 
-    @rule(partitions=st.sets(st.integers(0, PARTITIONS - 1), min_size=1))
-    def assign(self, partitions: set[int]) -> None:
-        self.model.revoke()  # eager rebalance: all revoked, then the new assignment
-        self.model.assign(sorted(partitions))
+    @rule(
+        owners=st.lists(
+            st.one_of(st.none(), st.integers(0, MEMBERS - 1)),
+            min_size=PARTITIONS,
+            max_size=PARTITIONS,
+        )
+    )
+    def assign(self, owners: list[int | None]) -> None:
+        self._run(self.model.revoke())  # eager rebalance: all revoked, then the new assignment
+        for member in range(MEMBERS):
+            self.model.assign([p for p, owner in enumerate(owners) if owner == member], member)
+        self._run(None)
+
+    @rule(partition=st.integers(0, PARTITIONS - 1), count=st.integers(1, RECORDS))
+    def hand_over(self, partition: int, count: int) -> None:
+        """A rebalance moves the partition to the other member while its requests run; the
+        new owner is handed its uncommitted offsets again (claimed, most of them)."""
+        owners = {p: part.owner for p, part in self.model.partitions.items()}
+        old = owners[partition]
+        owners[partition] = 0 if old is None else (old + 1) % MEMBERS
+        self._run(self.model.revoke())
+        for member in range(MEMBERS):
+            self.model.assign([p for p, owner in owners.items() if owner == member], member)
+        for _ in range(count):
+            self.model.deliver(partition)
         self._run(None)
 
     @rule()
     def revoke(self) -> None:
-        self.model.revoke()
-        self._run(None)
+        self._run(self.model.revoke())
 
     @rule(partition=st.integers(0, PARTITIONS - 1))
     def deliver(self, partition: int) -> None:
@@ -78,19 +105,24 @@ class CommitMachine(RuleBasedStateMachine):
         self.model.deliver(partition, skip=1)
         self._run(None)
 
-    @precondition(lambda self: bool(self.model.client.pending))
+    @precondition(lambda self: bool(self.model.pending()))
     @rule(index=st.integers(0, 7), outcome=st.sampled_from(OUTCOMES))
     def end_request(self, index: int, outcome: str) -> None:
-        self.model.client.end(index, outcome)
+        self.model.end(index, outcome)
         self._run(None)
+
+    @rule()
+    def time_passes(self) -> None:
+        """Long enough for a claim to lapse unless renewed (a crashed claimant's)."""
+        self._run(asyncio.sleep(CLAIM_S * 1.5))
 
     @rule()
     def commit(self) -> None:
         self.model.commit()
 
-    @rule()
-    def crash(self) -> None:
-        self._run(self.model.crash())
+    @rule(member=st.integers(0, MEMBERS - 1))
+    def crash(self, member: int) -> None:
+        self._run(self.model.crash(member))
 
     @invariant()
     def nothing_committed_without_an_outcome(self) -> None:

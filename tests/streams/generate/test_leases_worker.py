@@ -10,10 +10,14 @@ on the real worker over a model of faust's consumer (commit_model.py).
   never committed past.
 - The interleaving the property test found before leases: an event the agent held across a
   rebalance, acked after it, committed past a prompt whose only request died with the revocation.
+- A partition moving between two workers while its requests run: the old owner claims them and
+  finishes them, the new owner waits (without a request slot) and skips what completed; a
+  failure releases the claim (the new owner decides), a killed owner's claim lapses.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 
 import pytest
@@ -25,7 +29,7 @@ from tests.streams.generate.commit_model import (
     ConsumerModel,
     settle,
 )
-from tests.streams.generate.fakes import run
+from tests.streams.generate.fakes import prompt, run, until
 
 CRASH = "crash"
 
@@ -63,7 +67,7 @@ def test_a_revoked_copy_and_the_redelivered_copy_end_in_any_order(
             model.deliver(0)
         await settle()
         assert sorted(model.client.requests) == ["p0-0", "p0-1", "p0-2"]
-        model.revoke()  # the rebalance: the three requests go on running
+        await model.revoke()  # the rebalance: the three requests go on running
         model.assign([0])  # ... and the partition comes back: offsets 0-2 again
         for _ in range(3):
             model.deliver(0)
@@ -115,7 +119,7 @@ def test_an_event_held_across_a_rebalance_is_not_acked_after_it() -> None:
         for _ in range(3):  # two slots: offset 2 waits in the agent for one
             model.deliver(0)
         await settle()
-        model.revoke()
+        await model.revoke()
         model.client.end(0, SUCCESS)  # offset 0's request: a slot frees; offset 2 is stale
         await settle()
         model.client.end(0, DEAD_LETTER)  # offset 1: not ours, so no dead letter from here
@@ -196,6 +200,216 @@ def test_a_refused_event_frees_its_slot() -> None:
         model.deliver(0)  # offset 0, after the seek
         await settle()
         assert model.client.requests == ["p0-0"]
+        await model.close()
+
+    run(scenario)
+
+
+# -- a partition moving between two workers while its requests run ----------------------------
+
+
+async def handed_over(model: ConsumerModel, records: int = 2) -> None:
+    """Worker 0 requests the partition's `records` prompts; a rebalance moves the partition
+    to worker 1, which is handed the same offsets again."""
+    await model.start_all()
+    model.assign([0], member=0)
+    for _ in range(records):
+        model.deliver(0)
+    await settle()
+    assert sorted(model.client.requests) == [f"p0-{o}" for o in range(records)]
+    await model.revoke()  # worker 0's requests go on, claimed before the handler returns
+    model.assign([0], member=1)
+    for _ in range(records):
+        model.deliver(0)
+    await settle()
+
+
+def test_the_new_owner_waits_for_the_old_owners_request_and_skips_it() -> None:
+    async def scenario() -> None:
+        model = ConsumerModel(partitions=1, records=2, concurrency=4, members=2)
+        await handed_over(model)
+        new = model.member(1)
+        assert new.client.requests == []  # claimed: not asked again
+        assert new.worker.stats.awaited == 2 and new.worker.stats.in_flight == 0  # no slot
+        while model.client.pending:
+            model.client.end(0, SUCCESS)
+            await settle()
+        assert new.client.requests == []
+        assert new.worker.stats.skipped == 2
+        assert model.completions() == ["p0-0", "p0-1"]  # each generated once
+        assert model.kafka.acked() == [0, 1]  # acked as done by the new owner
+        model.commit()
+        assert model.partitions[0].committed == 2
+        assert model.ledger is not None and model.ledger.claims == {}  # released
+        await model.close()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("old_copy", [DEAD_LETTER, TRANSIENT])
+def test_an_old_owners_request_that_fails_releases_its_claim_and_the_new_owner_decides(
+    old_copy: str,
+) -> None:
+    """Its dead letter is not the old owner's to send, nor a transient failure its to retry
+    (the partition is revoked): the claim is released and the new owner asks its server."""
+
+    async def scenario() -> None:
+        model = ConsumerModel(partitions=1, records=1, concurrency=4, members=2)
+        await handed_over(model, records=1)
+        new = model.member(1)
+        assert new.client.requests == []
+        model.client.end(0, old_copy)
+        await settle()
+        assert model.client.requests == ["p0-0"]  # not retried
+        assert new.client.requests == ["p0-0"]  # the claim released: asked now
+        new.client.end(0, DEAD_LETTER)
+        await settle()
+        assert model.completions() == [] and model.letters() == ["p0-0"]  # one outcome
+        assert model.kafka.acked() == [0]
+        await model.close()
+
+    run(scenario)
+
+
+def test_a_killed_old_owners_claims_lapse_and_the_new_owner_asks() -> None:
+    async def scenario() -> None:
+        model = ConsumerModel(partitions=1, records=1, concurrency=4, members=2, claim_s=0.05)
+        await handed_over(model, records=1)
+        new = model.member(1)
+        assert new.client.requests == []
+        await model.crash(0)  # kill -9: its claim is renewed no more
+        await until(lambda: new.client.requests == ["p0-0"], "the lapsed claim's prompt asked")
+        new.client.end(0, SUCCESS)
+        await settle()
+        assert model.completions() == ["p0-0"] and model.kafka.acked() == [0]
+        await model.close()
+
+    run(scenario)
+
+
+def test_a_live_old_owner_renews_its_claim_past_its_first_deadline() -> None:
+    async def scenario() -> None:
+        model = ConsumerModel(partitions=1, records=1, concurrency=4, members=2, claim_s=0.05)
+        await handed_over(model, records=1)
+        ledger, once = model.ledger, model.worker.once
+        assert ledger is not None and once is not None
+        settings = once.settings_key("final")
+        first = ledger.claim("p0-0", settings)
+        assert first is not None
+
+        def renewed() -> bool:
+            claim = ledger.claim("p0-0", settings)
+            return claim is not None and claim.until > first.until + 0.05
+
+        await until(renewed, "the claim renewed past its first deadline")
+        assert model.member(1).client.requests == []  # still waiting
+        model.client.end(0, SUCCESS)
+        await settle()
+        assert model.member(1).client.requests == [] and model.completions() == ["p0-0"]
+        await model.close()
+
+    run(scenario)
+
+
+def test_a_claimed_prompt_holds_no_slot_and_later_prompts_go_on_acked_in_order() -> None:
+    async def scenario() -> None:
+        model = ConsumerModel(partitions=1, records=3, concurrency=1, members=2)
+        await handed_over(model, records=1)  # offset 0: claimed by worker 0
+        new = model.member(1)
+        model.deliver(0)  # offset 1: nobody's claim
+        model.deliver(0)  # offset 2
+        await settle()
+        assert new.client.requests == ["p0-1"]  # its one slot is not held by the wait
+        new.client.end(0, SUCCESS)
+        await settle()
+        assert new.client.requests == ["p0-1", "p0-2"]
+        new.client.end(0, SUCCESS)
+        await settle()
+        assert model.kafka.acked() == []  # offset 0 still waits: nothing acked past it
+        model.client.end(0, SUCCESS)
+        await settle()
+        assert model.kafka.acked() == [0, 1, 2]
+        assert sorted(model.completions()) == ["p0-0", "p0-1", "p0-2"]
+        await model.close()
+
+    run(scenario)
+
+
+def test_a_worker_given_its_own_claimed_prompt_back_waits_for_its_request() -> None:
+    async def scenario() -> None:
+        model = ConsumerModel(partitions=1, records=1, concurrency=4)
+        await model.start_worker()
+        model.assign([0])
+        model.deliver(0)
+        await settle()
+        await model.revoke()
+        model.assign([0])  # back to the same worker: its own claim, its own copy in flight
+        model.deliver(0)
+        await settle()
+        assert model.client.requests == ["p0-0"]
+        model.client.end(0, SUCCESS)
+        await settle()
+        assert model.client.requests == ["p0-0"] and model.completions() == ["p0-0"]
+        assert model.kafka.acked() == [0]
+        await model.close()
+
+    run(scenario)
+
+
+def test_a_sigterm_drain_waits_for_the_claimed_requests_then_returns() -> None:
+    async def scenario() -> None:
+        model = ConsumerModel(partitions=1, records=2, concurrency=4)
+        await model.start_worker()
+        model.assign([0])
+        model.deliver(0)
+        model.deliver(0)
+        await settle()
+        await model.revoke()  # what `drain` does before it leaves the group
+        finishing = asyncio.ensure_future(model.worker.finish_claimed(5))
+        await settle()
+        assert not finishing.done()
+        model.client.end(0, SUCCESS)
+        await settle()
+        assert not finishing.done()  # one still runs
+        model.client.end(0, DEAD_LETTER)  # not ours to dead-letter: released for the new owner
+        await asyncio.wait_for(finishing, 5)
+        assert model.completions() == ["p0-0"] and model.letters() == []
+        assert model.ledger is not None and model.ledger.claims == {}
+        cut = ConsumerModel(partitions=1, records=1, concurrency=4)
+        await cut.start_worker()
+        cut.assign([0])
+        cut.deliver(0)
+        await settle()
+        await cut.revoke()
+        await cut.worker.finish_claimed(0.01)  # the drain's bound: returns with it running
+        assert cut.client.pending and cut.ledger is not None and cut.ledger.claims
+        await cut.close()
+        await model.close()
+
+    run(scenario)
+
+
+def test_a_stolen_prompt_is_claimed_and_its_owner_waits_for_the_thief() -> None:
+    async def scenario() -> None:
+        model = ConsumerModel(partitions=1, records=2, concurrency=4, members=2)
+        await model.start_all()
+        model.assign([0], member=0)
+        thief = model.member(1)
+        pid = "p0-1"
+        stealing = asyncio.ensure_future(thief.worker.run_stolen([(pid.encode(), prompt(pid))]))
+        await settle()
+        assert thief.client.requests == [pid]
+        model.deliver(0)
+        model.deliver(0)  # the owner reaches the stolen offset while the thief generates it
+        await settle()
+        assert model.client.requests == ["p0-0"]  # not p0-1: claimed by the thief
+        assert model.worker.stats.awaited == 1
+        thief.client.end(0, SUCCESS)
+        assert await asyncio.wait_for(stealing, 5) == 1
+        model.client.end(0, SUCCESS)
+        await settle()
+        assert sorted(model.completions()) == ["p0-0", "p0-1"]  # each generated once
+        assert model.kafka.acked() == [0, 1] and model.worker.stats.skipped == 1
         await model.close()
 
     run(scenario)

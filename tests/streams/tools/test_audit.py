@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
-from streams.core.ledger import dead_key, ledger_key
+from streams.core.ledger import claim_key, dead_key, ledger_key
 from streams.core.records import CompletionRecord, DeadLetter, PromptRecord
 from streams.core.settings import KafkaSettings
 from streams.core.turns import turn_prompt_id
@@ -55,6 +55,7 @@ def audited(prompts: list[Rec], committed: dict[int, int] | None = None, **kw: i
     check.dead_letter(b"not a letter")
     check.ledger_mark(ledger_key("marked", SETTINGS).encode())
     check.ledger_mark(dead_key("marked-dead", SETTINGS).encode())
+    check.ledger_mark(claim_key("claimed", SETTINGS).encode())  # a request running: no outcome
     check.ledger_mark(None)
     # --regen every-turn: turns are completed and dead-lettered under their own ids
     check.completion(*astuple(completion(turn_prompt_id("conv", 0, 2))))
@@ -102,6 +103,12 @@ def test_each_prompt_without_an_outcome_is_listed_with_where_it_is() -> None:
     assert lines[1].split() == header
     assert lines[2].split() == ["lost", "s.jsonl", "row-lost", "1@5", "lost"]
     assert lines[-1] == "republish them: draftgen audit --republish"
+
+
+def test_a_claim_in_the_ledger_is_no_outcome() -> None:
+    """A revoked prompt's old owner finishing its request: the prompt has no outcome yet."""
+    result = audited([prompt("claimed", 0, 0)]).result()
+    assert [m.prompt_id for m in result.listed] == ["claimed"]
 
 
 def test_a_prompt_published_twice_is_one_prompt_at_its_latest_copy() -> None:
