@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = replace(StormPlan(), prompts=args.prompts, timeout_s=max(150.0, args.prompts * 0.5))
     work = Path(tempfile.mkdtemp(prefix="draftgen-storm-"))
     print(
-        f"join storm: {args.runs} runs of {args.prompts} prompts (+{plan.late_prompts} late); "
+        f"join storm: {args.runs} runs of {args.prompts} prompts (+2 × {plan.late_prompts} late); "
         f"logs in {work}",
         flush=True,
     )

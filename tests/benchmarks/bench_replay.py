@@ -191,7 +191,10 @@ def run_warm(
                 groups.append(caps.cap(procs[-1].pid, f"{dataset}-{i}"))
         group = f"draftgen-tokenize-{dataset}"
         spawned = time.monotonic()
-        wait_for(lambda: _ready(procs, kafka, group), 600, "the workers joined, encoders ready")
+        encoder = not {"--no-drift", "--no-measure-drift"} & set(worker_args)
+        wait_for(
+            lambda: _ready(procs, kafka, group, encoder), 600, "the workers joined, encoders ready"
+        )
         ready_s = time.monotonic() - spawned
         pids = [p.pid for p in procs if p.pid is not None]
         warm_samples = warm_tokens = 0
@@ -282,11 +285,14 @@ def _finished(logs: list[str], done: dict[int, float]) -> list[float]:
     return sorted(last.values())
 
 
-def _ready(procs: list[ManagedProcess], kafka: KafkaSettings, group: str) -> bool:
+def _ready(
+    procs: list[ManagedProcess], kafka: KafkaSettings, group: str, encoder: bool = True
+) -> bool:
     for proc in procs:
         if not proc.alive():
             raise RuntimeError(f"a worker exited:\n{proc.tail()}")
-    if not all(TWIN_READY in p.log_path.read_text(errors="replace") for p in procs):
+    # a worker that measures no drift encodes nothing with the server's ids: no twin to wait for
+    if encoder and not all(TWIN_READY in p.log_path.read_text(errors="replace") for p in procs):
         return False
     return asyncio.run(stable_members(kafka, group)) >= len(procs)
 

@@ -9,13 +9,15 @@ has requests in flight (a worker takes seconds to start on a busy machine; one s
 joined moves nothing): the first replacement once a share of the prompts is committed by the
 group (`StormPlan.replace_b_at`), the kill -9 just after the rebalance of that replacement's
 join, while prompts the killed worker had in flight before it still run, the last replacement
-right after (the killed worker's partitions wait for its session to time out meanwhile). A
-second batch of prompts is published just before that last replacement: by then the last
-worker's own partitions may be drained (how fast is the machine's to say), and prompts arriving on
-every partition give it requests in flight to be replaced with. So prompts are in flight at every
-change whatever the machine's speed. Each worker slot has its
-own emulated SGLang server, slow enough that many requests are in flight, answering some of
-them 500 or 503 or cutting the connection, and logging every request (`--request-log`,
+right after. Workers a and c are static group members (the default): c's restart takes its
+place and partitions without a rebalance and resumes from the group's committed offsets; b and d
+are dynamic (`--no-static-membership`), so their SIGTERMs move partitions (the claims path: the
+new owners wait for the requests the old owner finishes). A batch of prompts is published just
+before c's kill and another before d's replacement: by then their own partitions may be drained
+(how fast is the machine's to say), and prompts arriving on every partition give them requests in
+flight. So prompts are in flight at every change whatever the machine's speed. Each worker slot
+has its own emulated SGLang server, slow enough that many requests are in flight, answering some
+of them 500 or 503 or cutting the connection, and logging every request (`--request-log`,
 compose/emulator/request_log.py).
 
 Then it waits for "nothing left": the group's committed offsets at the topic's ends (lag 0) and
@@ -80,8 +82,11 @@ FAULTS = (
 @dataclass(frozen=True)
 class StormPlan:
     prompts: int = 400
-    # published after c's restart, before d is replaced once it has requests in flight
+    # published twice more: before c is killed and before d is replaced, each once it has
+    # requests in flight
     late_prompts: int = 100
+    # static group members (the default); the others run with --no-static-membership
+    static: tuple[str, ...] = ("a", "c")
     partitions: int = 16
     concurrency: int = 16
     # each server's decode speed and output lengths (log-normal around the mean, up to the
@@ -349,11 +354,11 @@ class JoinStorm:
         # before it still run, those redelivered to it are being acked
         self._when_assigned("b")
         self._event("gen-b's replacement has its partitions (its join's rebalance is done)")
+        self._publish_late(1)
         self._when_busy("c", None)
         self._at(time.monotonic() - self.t0 + plan.kill_after_rebalance_s)
         self._replace("c", kill=True)
-        self._publish("late.jsonl", range(plan.prompts, plan.prompts + plan.late_prompts))
-        self._event(f"{plan.late_prompts} more prompts published")
+        self._publish_late(2)
         self._when_busy("d", None)
         self._replace("d", kill=False)
         lag = self._wait_nothing_left()
@@ -441,6 +446,7 @@ class JoinStorm:
                 self.kafka.topic_prefix,
                 "--partitions",
                 str(self.plan.partitions),
+                *([] if slot in self.plan.static else ["--no-static-membership"]),
             ],
             env=self.env,
         )
@@ -493,6 +499,11 @@ class JoinStorm:
         stop_together([process for _, process in self.servers.values()])
 
     # -- prompts and the audit -----------------------------------------------------------------
+
+    def _publish_late(self, batch: int) -> None:
+        start = self.plan.prompts + (batch - 1) * self.plan.late_prompts
+        self._publish(f"late-{batch}.jsonl", range(start, start + self.plan.late_prompts))
+        self._event(f"{self.plan.late_prompts} more prompts published")
 
     def _publish(self, name: str, indexes: range) -> None:
         path = self._write_prompts(name, indexes)
