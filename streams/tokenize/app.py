@@ -92,6 +92,7 @@ def build_tokenize_app(
             loaded.profile,
             prefer=settings.token_source,
             measure_drift=settings.measure_drift,
+            encode_turns=settings.encode_turns,
             policy=settings.policy,
             encoder=settings.encoder,
         ),

@@ -39,10 +39,11 @@ The turn's ids the model sampled: what the drift check is for, the template's an
 format's text (wrappers, think tags, tool-call syntax, end of turn) and the tokenizer's
 vocabulary, is all in whether they spell the rendered turn (its bytes, its added tokens at their
 places, its text NFC as the normalizer leaves it). So a turn they spell is not encoded either
-(`encode_turns=False`, the default): what that leaves out is a model that sampled its own text
-in other tokens than the text's encoding (a word as two pieces), which is not drift of the
-template or the tokenizer and is not counted as drift unless every turn is encoded
-(`encode_turns=True`); in a sample that drifted anyway, the turn is re-encoded like the rest.
+when `encode_turns` is off (`--no-encode-turns`; on by default): what that leaves out is a
+model that sampled its own text in other tokens than the text's encoding (a word as two
+pieces), which is not drift of the template or the tokenizer, but is a sample a trainer
+re-rendering the conversation would tokenize otherwise, so by default every turn is encoded
+and it counts as drift; in a sample that drifted anyway, the turn is re-encoded like the rest.
 Error kinds:
 template_error, prefix_mismatch, bad_tool_arguments, bad_tool_call, bad_message,
 bad_token_ids, token_out_of_range, too_few_loss_tokens, encode_error, bad_normalization.
@@ -102,7 +103,7 @@ class SampleBuilder:
         template_kwargs: Mapping[str, Any] | None = None,
         min_loss_tokens: int = 1,
         encoder: EncoderChoice = "auto",
-        encode_turns: bool = False,
+        encode_turns: bool = True,
     ) -> None:
         if prefer not in TOKEN_SOURCES:
             raise ValueError(f"prefer must be one of {TOKEN_SOURCES}, not {prefer!r}")

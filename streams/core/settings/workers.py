@@ -236,6 +236,14 @@ class TokenizeSettings(Settings):
         aliases=("--no-drift",),
         help="do not compare server ids with the rendering (saves a render + encode per sample)",
     )
+    # the drift check re-encodes every turn (a model's own non-canonical spelling of its text is
+    # drift); off: a turn the server's ids spell is not encoded (streams/tokenize/samples.py)
+    encode_turns: bool = setting(
+        True,
+        cli=True,
+        help="drift check: do not re-encode a turn the server's ids spell (cheaper; a model's "
+        "own non-canonical spelling of its text is then not counted as drift)",
+    )
     # auto: a tiktoken twin of the tokenizer when it encodes exactly as the tokenizer, checked
     # as it runs (streams/tokenize/encoder.py); tokenizer: always the tokenizer's own encoder
     encoder: Literal["auto", "tokenizer"] = setting(

@@ -295,7 +295,7 @@ def test_turns_spelled_by_the_server_give_the_samples_of_encoded_turns(
     are the same byte for byte, batch by batch, whatever the server's ids (its tokenizer's
     turns, changed, cut, lengthened, prompts spelled otherwise)."""
     batches = data.draw(st.lists(st.lists(served(fam), min_size=1, max_size=4), max_size=3))
-    spelled, encoded = fam.builder(), fam.builder(encode_turns=True)
+    spelled, encoded = fam.builder(encode_turns=False), fam.builder()
     for batch in batches:
         ours = [_facts(s) for s in spelled.build_many(batch)]
         theirs = [_facts(s) for s in encoded.build_many(batch)]
@@ -308,21 +308,22 @@ def test_a_turn_the_model_spelled_otherwise_is_drift_only_when_turns_are_encoded
     families: dict[str, Family],
 ) -> None:
     """The model sampled its text in other tokens than the text's encoding (the same
-    characters, a token as its bytes): not template or tokenizer drift, and not counted as
-    drift unless every turn is encoded; the sample's ids are the server's either way. In a
-    sample that drifted anyway, the turn is re-encoded like the rest."""
+    characters, a token as its bytes): not template or tokenizer drift, but a sample a
+    re-rendering would tokenize otherwise, so drift by default (every turn encoded) and not
+    with `encode_turns=False` (`--no-encode-turns`); the sample's ids are the server's either
+    way. In a sample that drifted anyway, the turn is re-encoded like the rest."""
     qwen = families["qwen36"]
     completion, prompt, output = drifted(qwen)
     respelled = replace(completion, output_token_ids=_respelled(qwen, output))
+    spelled = qwen.builder(encode_turns=False).build(respelled)
     default = qwen.builder().build(respelled)
-    encoded = qwen.builder(encode_turns=True).build(respelled)
     server = prompt + as_list(respelled.output_token_ids)
-    assert as_list(default.input_ids) == as_list(encoded.input_ids) == server
-    assert default.drift is False
-    assert encoded.drift is True and encoded.drift_cause is not None
-    assert encoded.drift_cause.side == "turn"
+    assert as_list(spelled.input_ids) == as_list(default.input_ids) == server
+    assert spelled.drift is False
+    assert default.drift is True and default.drift_cause is not None
+    assert default.drift_cause.side == "turn"
     both = replace(respelled, prompt_token_ids=prompt[:-1])
-    builder = qwen.builder()
+    builder = qwen.builder(encode_turns=False)
     sample = builder.build(both)
     assert sample.drift is True and sample.drift_cause is not None
     assert sample.drift_cause.side == "prompt"
