@@ -16,6 +16,8 @@ OUTSIDE = re.compile(
     rb"|notes/(?:model-templates|sglang-api|kafka-faust)\.md"
 )
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+# the code block under "## The two commands" in README.md
+README_BLOCK = re.compile(r"^## The two commands\n.*?^```bash\n(.*?)^```", re.DOTALL | re.MULTILINE)
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.DOTALL | re.MULTILINE)
 SKIPPED_DIRS = {".git", ".venv", "node_modules", "__pycache__", "runs"}
 
@@ -89,3 +91,19 @@ def test_the_checks_see_a_link_outside_and_a_broken_one(tmp_path: Path) -> None:
     assert slug("Where a run stands: `draftgen status` and metrics") == (
         "where-a-run-stands-draftgen-status-and-metrics"
     )
+
+
+def test_ci_runs_the_readmes_test_command() -> None:
+    """CI (`.ci/run`) runs the test command of the README's "The two commands" block, as written
+    there: if either changes alone, they have drifted apart."""
+    block = README_BLOCK.search((ROOT / "README.md").read_text())
+    assert block is not None, "README.md has no 'The two commands' code block"
+    commands = [line.split("#")[0].strip() for line in block.group(1).splitlines()]
+    test = [c for c in commands if c.endswith(" test") or " test " in f"{c} "]
+    ci = [
+        line.strip()
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith(("#", "set ", "cd "))
+    ]
+    assert test == ["compose/setup.sh test"], test
+    assert ci == test, ci
