@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -32,12 +32,23 @@ def signal_group(pgid: int, sig: int) -> bool:
         return False
 
 
+class Child(Protocol):
+    """What we use of a child's handle: a `subprocess.Popen`, or a `ForkedChild` (zygote.py)."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
 @dataclass
 class TrackedChild:
     """One child of ours: its PID is also the ID of the process group it leads."""
 
     name: str
-    popen: subprocess.Popen[Any]
+    popen: Child
     seq: int
 
     @property
@@ -68,7 +79,7 @@ class ChildRegistry:
         """Children registered after this moment have a greater `seq`."""
         return self._last
 
-    def add(self, name: str, popen: subprocess.Popen[Any]) -> TrackedChild:
+    def add(self, name: str, popen: Child) -> TrackedChild:
         child = TrackedChild(name, popen, next(self._seq))
         self._last = child.seq
         self._children[popen.pid] = child
@@ -147,7 +158,7 @@ def in_main_thread() -> bool:
 
 
 @contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
+def signals_deferred() -> Iterator[None]:
     """Hold SIGINT/SIGTERM/SIGHUP back while a child is forked and registered, so an
     interrupt cannot fall between the fork and the registration; re-raised afterwards."""
     if not in_main_thread():  # Python runs signal handlers in the main thread only
@@ -205,9 +216,12 @@ def spawn(
     env: dict[str, str] | None = None,
     cwd: Path | None = None,
     text: bool = False,
+    pass_fds: Sequence[int] = (),
+    track: bool = True,
 ) -> subprocess.Popen[Any]:
-    """Popen in a new process group, registered in `CHILDREN` before any signal is handled."""
-    with _signals_deferred():
+    """Popen in a new process group, registered in `CHILDREN` (unless `track` is False) before
+    any signal is handled."""
+    with signals_deferred():
         popen = subprocess.Popen(
             list(argv),
             stdout=stdout,
@@ -216,10 +230,12 @@ def spawn(
             env=env,
             cwd=cwd,
             text=text,
+            pass_fds=pass_fds,
             start_new_session=True,  # a Ctrl-C in the terminal reaches us, not the child
             preexec_fn=_die_with_parent(),
         )
-        CHILDREN.add(name, popen)
+        if track:
+            CHILDREN.add(name, popen)
     return popen
 
 

@@ -32,6 +32,7 @@ from typing import Any
 from compose.children import (
     CHILDREN,
     STOP_SIGNALS,
+    Child,
     in_main_thread,
     leftover_message,
     signal_group,
@@ -175,14 +176,17 @@ def interrupt_guard(grace: float = 10.0) -> Iterator[InterruptGuard]:
 @dataclass
 class ManagedProcess:
     """One child process we started ourselves; only ever stopped through its own PID (and
-    the process group it leads)."""
+    the process group it leads). With `forked`, a `python -m` command of this interpreter is
+    forked from this process's zygote (compose/zygote.py) instead of exec'd: the same command,
+    without paying its imports again."""
 
     name: str
     argv: Sequence[str]
     log_path: Path
     env: dict[str, str] | None = None
     cwd: Path | None = None
-    popen: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    forked: bool = False
+    popen: Child | None = field(default=None, init=False)
 
     @property
     def pid(self) -> int | None:
@@ -190,20 +194,25 @@ class ManagedProcess:
 
     def start(self) -> ManagedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **(self.env or {})}
         with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
+            if self.forked and list(self.argv[:2]) == [sys.executable, "-m"]:
+                from compose.zygote import zygote
+
+                module, *args = self.argv[2:]
+                self.popen = zygote().spawn(self.name, module, args, log=log, env=env, cwd=self.cwd)
+                return self
             self.popen = spawn(
-                self.name,
-                self.argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **(self.env or {})},
-                cwd=self.cwd,
+                self.name, self.argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.cwd
             )
         return self
 
     def respawn(self) -> ManagedProcess:
         """A new process with the same command, environment and log (after a kill or stop)."""
-        return ManagedProcess(self.name, self.argv, self.log_path, self.env, self.cwd).start()
+        again = ManagedProcess(
+            self.name, self.argv, self.log_path, self.env, self.cwd, forked=self.forked
+        )
+        return again.start()
 
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None

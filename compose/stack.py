@@ -44,10 +44,14 @@ class LocalStack:
     """`with LocalStack(workdir) as stack:` for a command: the block runs under
     `interrupt_guard()` (first SIGINT/SIGTERM/SIGHUP → KeyboardInterrupt, a second one →
     SIGKILL of every child) and leaving it stops everything (`stop_all`, then the guard's
-    own sweep for anything left). Tests may use it without `with` and call `stop_all`."""
+    own sweep for anything left). Tests may use it without `with` and call `stop_all`.
 
-    def __init__(self, workdir: Path):
+    `forked`: workers and emulated servers are forked from this process's zygote
+    (compose/zygote.py), which imported their modules once, instead of exec'd."""
+
+    def __init__(self, workdir: Path, forked: bool = False):
         self.workdir = workdir
+        self.forked = forked
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.kafka: KafkaBroker | None = None
         self.kafka_cluster: KafkaCluster | None = None
@@ -129,6 +133,7 @@ class LocalStack:
                 *options,
             ),
             self._log(name),
+            forked=self.forked,
         )
         self.processes.append(process)
         self._servers.add(id(process))
@@ -159,7 +164,7 @@ class LocalStack:
         module: str = "streams",
     ) -> ManagedProcess:
         process = ManagedProcess(
-            name, draftgen_argv(*args, module=module), self._log(name), env=env
+            name, draftgen_argv(*args, module=module), self._log(name), env=env, forked=self.forked
         )
         self.processes.append(process)
         process.start()

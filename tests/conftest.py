@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from compose import zygote
 from compose.seaweedfs import SeaweedS3
 from compose.stack import LocalStack
 
@@ -36,6 +37,7 @@ def no_local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 @pytest.fixture(scope="session")
 def infra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     stack = LocalStack(tmp_path_factory.mktemp("infra"))
+    zygote.start_in_background()  # imports the workers' modules while Kafka starts
     try:
         stack.start_kafka()
         stack.start_s3().create_bucket("draftgen-test")
@@ -75,7 +77,7 @@ def topic_prefix() -> str:
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[LocalStack]:
     """Per-test processes (emulators, workers), stopped by PID at the end of the test."""
-    local = LocalStack(tmp_path / "stack")
+    local = LocalStack(tmp_path / "stack", forked=True)
     try:
         yield local
     finally:

@@ -60,7 +60,7 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, s3: SeaweedS3) -> Iterator[Cluster]:
-    stack = LocalStack(tmp_path_factory.mktemp("cluster"))
+    stack = LocalStack(tmp_path_factory.mktemp("cluster"), forked=True)
     try:
         yield Cluster(stack, stack.start_kafka_cluster(3, min_insync=2), s3)
     finally:
