@@ -219,6 +219,7 @@ def not_built_before(
 
 
 def run_pipeline(args: argparse.Namespace) -> int:
+    from compose import zygote
     from compose.stack import LocalStack
     from producers.publish import publish
     from streams.core.tokenizers import load_tokenizer
@@ -239,7 +240,9 @@ def run_pipeline(args: argparse.Namespace) -> int:
     # a running local stack (`draftgen stack up`) outlives the run: its broker keeps what
     # `status`, `dead-letters`, `replay` and `seal` read afterwards
     local = None if getattr(args, "bootstrap", None) else current_stack()
-    with LocalStack(workdir) as stack:  # stops what it started, also on Ctrl-C
+    with LocalStack(workdir, forked=settings.fork) as stack:  # stops it all, also on Ctrl-C
+        if settings.fork:
+            zygote.start_in_background()  # imports the workers' modules while Kafka starts
         bootstrap = getattr(args, "bootstrap", None) or (
             local.bootstrap if local else stack.start_kafka()
         )

@@ -1,7 +1,7 @@
 """How fast a fleet of generate workers started together is in the group and requesting.
 
     flock /tmp/draftgen-heavy.lock .venv/bin/python tests/benchmarks/bench_fleet_start.py \
-        [--workers 1,4,8] [--repeats 2] [--json out.json] [-- extra worker flags]
+        [--workers 1,4,8] [--repeats 2] [--forked] [--json out.json] [-- extra worker flags]
 
 Starts its own Kafka broker and max(N) emulated SGLang servers (one process each, each with a
 request log), then per fleet size N and repeat: a new group and topics, N x `--per-server`
@@ -49,6 +49,7 @@ from compose.emulator.request_log import prompt_digest
 from compose.process import ManagedProcess
 from compose.stack import LocalStack
 from compose.tiny_tokenizers import build_qwen36_tokenizer
+from compose.zygote import zygote
 from streams.core.normalize import prompt_id
 from streams.core.records import PromptRecord
 from streams.core.settings import GENERATE_GROUP, PROMPTS, KafkaSettings
@@ -154,6 +155,8 @@ class Bench:
         self.servers: list[tuple[str, Path]] = []
 
     def start(self, servers: int) -> None:
+        if self.args.forked:  # as `draftgen run` has it: ready before its workers start
+            zygote()
         self.bootstrap = self.stack.start_kafka()
         tokenizer = build_qwen36_tokenizer(self.workdir / "tok")
         a = self.args
@@ -172,6 +175,7 @@ class Bench:
                 name=f"emu{index}",
             )
             self.servers.append((url, log))
+        self.stack.forked = self.args.forked  # the workers only: the servers are the same
 
     def worker_argv(self, url: str, kafka: KafkaSettings) -> list[str]:
         return [
@@ -306,6 +310,12 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--settle", type=float, default=3.0, help="s watched after all are in")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--forked",
+        action="store_true",
+        help="fork the workers from a zygote that imported their modules (as `draftgen run` "
+        "starts its workers) instead of exec'ing each",
+    )
     parser.add_argument("worker_flags", nargs="*", help="extra flags for every worker (after --)")
     args = parser.parse_args()
     sizes = [int(n) for n in args.workers.split(",")]

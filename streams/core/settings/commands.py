@@ -111,6 +111,14 @@ class RunSettings(Settings):
         help="tokenize workers to start (they share the completions partitions)",
         gt=0,
     )
+    # a child forked from a process that imported the workers once skips its own imports
+    # (1.3-1.9 CPU s each): on few cores, the start of a fleet started together
+    fork: bool = setting(
+        True,
+        cli=True,
+        help="exec each worker and emulated server rather than fork it from one process "
+        "that imported their modules once",
+    )
 
 
 class StatusSettings(Settings):
