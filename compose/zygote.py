@@ -36,6 +36,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
+import setproctitle
+
 from compose.children import CHILDREN, signals_deferred, spawn
 
 # what the `python -m streams` children import: the CLI, both workers, replay and the emulator
@@ -149,6 +151,9 @@ def _become(request: dict[str, Any], fds: list[int], ready: int) -> None:
     os.dup2(fds[1], 2)
     for fd in {devnull, *fds}:
         os.close(fd)
+    # `ps` shows the command, not the zygote's: one string in argv's memory (setproctitle
+    # finds that memory through the environment, so before the environment changes)
+    setproctitle.setproctitle(" ".join([sys.executable, "-m", request["module"], *request["args"]]))
     os.environ.clear()
     os.environ.update(request["env"])
     if request["cwd"]:

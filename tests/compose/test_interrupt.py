@@ -44,7 +44,9 @@ class Proc:
 def read_proc(pid: int) -> Proc | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+        if len(argv) == 1:  # a title set in place of argv (a child of the zygote): one string
+            argv = argv[0].split()
         fields = stat[stat.rindex(")") + 2 :].split()  # the command name may hold spaces
         return Proc(
             pid,
@@ -136,11 +138,15 @@ class Watched:
             return list(self.seen.values())
 
     def wait_for(self, match: Callable[[Proc], bool], what: str, count: int = 1) -> None:
-        """Until `count` of the command's own children (not their forks) match, alive."""
+        """Until `count` of the command's own children (not their forks) match, alive; a
+        child of its zygote (compose/zygote.py) is one of its own."""
 
         def found() -> int:
-            pid = self.popen.pid
-            return len([p for p in self.started() if p.ppid == pid and match(p) and alive(p)])
+            started = self.started()
+            parents = {self.popen.pid} | {
+                p.pid for p in started if p.ppid == self.popen.pid and "compose.zygote" in p.argv
+            }
+            return len([p for p in started if p.ppid in parents and match(p) and alive(p)])
 
         poll_until(lambda: found() >= count or self.popen.poll() is not None, 300, what)
         assert self.popen.poll() is None, (

@@ -86,7 +86,9 @@ def test_a_killed_child_reports_the_signal_and_its_group_is_gone(
     monkeypatch.setattr("compose.zygote.zygote", lambda: zygote)
     process = start(zygote, probe, tmp_path, "sleep")
     wait_for(lambda: "pgid" in process.log_path.read_text(), 30, "the probe to start")
-    assert process.alive()
+    assert process.alive() and process.pid is not None
+    # what `ps` shows is the child's command, not the zygote's
+    assert b" -m probe_pkg sleep" in Path(f"/proc/{process.pid}/cmdline").read_bytes()
     process.kill()
     assert process.popen is not None and process.popen.returncode == -signal.SIGKILL
     assert gone(process.popen.pid)
