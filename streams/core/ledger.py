@@ -243,10 +243,14 @@ class LedgerFollower(LedgerState):
 
     def sync(self) -> None:
         """A barrier at this moment (called as partitions are assigned): the ledger's end
-        offsets are asked now, and `synced()` waits until they are read."""
+        offsets are asked now, and `synced()` waits until they are read. A barrier not reached
+        yet is replaced by this later one, and its waiters wait for the later one: a fleet
+        starting together rebalances several times within a second."""
         if not self._reader.is_open:
             return  # no ledger topic yet: nothing written to wait for
-        self._synced = asyncio.Event()
+        if self._synced.is_set():
+            self._synced = asyncio.Event()
+        self._barrier = None  # the earlier offsets no longer release anyone
         if self._syncing is not None:
             self._syncing.cancel()
         self._syncing = asyncio.create_task(self._ends(self._synced))
@@ -272,9 +276,12 @@ class LedgerFollower(LedgerState):
                 "reading the generated ledger", self._next, self.backoff, log
             ):
                 self.take(record.key, record.value)
-            if self._barrier is not None and await self._reader.reached(self._barrier):
-                self._barrier = None
-                self._synced.set()
+            barrier = self._barrier
+            # (not if a later barrier replaced this one while we looked)
+            if barrier is not None and await self._reader.reached(barrier):
+                if barrier is self._barrier:
+                    self._barrier = None
+                    self._synced.set()
 
     async def _next(self) -> list[Any]:
         if not self.caught_up.is_set() and await self._reader.caught_up():

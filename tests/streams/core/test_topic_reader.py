@@ -255,6 +255,32 @@ def test_a_ledger_barrier_returns_once_what_was_written_before_it_is_read(
     run(scenario)
 
 
+def test_a_waiter_on_a_barrier_superseded_by_a_later_assignment_returns_with_the_later_one(
+    broker: FakeBroker,
+) -> None:
+    """A fleet starting together rebalances several times in a second: a prompt of the first
+    assignment waits on its barrier while the next assignment sets another. It returns once the
+    later barrier is read (a stronger one), not after the waiter's whole timeout."""
+
+    async def scenario() -> None:
+        topic = KAFKA.topic(GENERATED)
+        broker.create(topic, 2)
+        follower = LedgerFollower(KAFKA, poll_ms=1)
+        await follower.start()
+        await asyncio.wait_for(follower.caught_up.wait(), 5)
+        broker.append(topic, 0, claim_key("p", "mine").encode(), Claim("a", time.time()).encode())
+        follower.sync()  # the first assignment
+        first = asyncio.create_task(follower.synced(30))
+        await asyncio.sleep(0)  # the waiter holds the first barrier
+        broker.append(topic, 1, claim_key("q", "mine").encode(), Claim("b", time.time()).encode())
+        follower.sync()  # the next assignment, before the first barrier was read
+        assert await asyncio.wait_for(first, 5)
+        assert follower.claim("q", "mine") is not None  # what the later barrier covers is read
+        await follower.stop()
+
+    run(scenario)
+
+
 def test_ledger_follower_of_an_empty_or_missing_ledger_is_caught_up_at_once(
     broker: FakeBroker,
 ) -> None:
