@@ -277,11 +277,10 @@ class LedgerFollower(LedgerState):
             ):
                 self.take(record.key, record.value)
             barrier = self._barrier
-            # (not if a later barrier replaced this one while we looked)
-            if barrier is not None and await self._reader.reached(barrier):
-                if barrier is self._barrier:
-                    self._barrier = None
-                    self._synced.set()
+            reached = barrier is not None and await self._reader.reached(barrier)
+            if reached and barrier is self._barrier:  # not replaced by a later one meanwhile
+                self._barrier = None
+                self._synced.set()
 
     async def _next(self) -> list[Any]:
         if not self.caught_up.is_set() and await self._reader.caught_up():
