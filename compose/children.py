@@ -184,7 +184,7 @@ _PR_SET_PDEATHSIG = 1
 _libc: Any = None
 
 
-def _die_with_parent() -> Callable[[], None] | None:
+def die_with_parent() -> Callable[[], None] | None:
     """A preexec_fn: the kernel SIGKILLs the child when we die (Linux). Only for children
     spawned from the main thread: the signal follows the death of the spawning thread."""
     global _libc
@@ -232,7 +232,7 @@ def spawn(
             text=text,
             pass_fds=pass_fds,
             start_new_session=True,  # a Ctrl-C in the terminal reaches us, not the child
-            preexec_fn=_die_with_parent(),
+            preexec_fn=die_with_parent(),
         )
         if track:
             CHILDREN.add(name, popen)

@@ -32,13 +32,13 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import setproctitle
 
-from compose.children import CHILDREN, signals_deferred, spawn
+from compose.children import CHILDREN, die_with_parent, signals_deferred, spawn
 
 # what the `python -m streams` children import: the CLI, both workers, replay and the emulator
 PRELOAD = (
@@ -89,12 +89,13 @@ def _serve(sock: socket.socket) -> None:
                 return
             request, fds = received
             ready_r, ready_w = os.pipe()
+            die_with_us = die_with_parent()  # for the child, while we are its parent
             pid = os.fork()
             if pid == 0:  # the child: never returns into this loop
                 selector.close()
                 for fd in (wake_r, wake_w, ready_r, sock.fileno()):
                     os.close(fd)
-                _become(request, fds, ready_w)
+                _become(request, fds, ready_w, die_with_us)
             for fd in (*fds, ready_w):
                 os.close(fd)
             os.read(ready_r, 1)  # EOF once the child leads its own process group (or died)
@@ -137,13 +138,16 @@ def _send(sock: socket.socket, message: dict[str, Any]) -> None:
     sock.sendall(json.dumps(message).encode() + b"\n")
 
 
-def _become(request: dict[str, Any], fds: list[int], ready: int) -> None:
+def _become(
+    request: dict[str, Any], fds: list[int], ready: int, die_with_us: Callable[[], None] | None
+) -> None:
     """In the forked child: `python -m MODULE ARGS`, from here to the interpreter's exit."""
     os.setsid()
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
-    _die_with(os.getppid())
+    if die_with_us is not None:
+        die_with_us()
     os.close(ready)  # the zygote hands out our PID now
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
@@ -166,15 +170,6 @@ def _become(request: dict[str, Any], fds: list[int], ready: int) -> None:
     # handlers, stdio flushed, the traceback and exit status 1 for an uncaught error
     runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
     sys.exit(0)
-
-
-def _die_with(parent: int) -> None:
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PDEATHSIG
-    if os.getppid() != parent:
-        os._exit(1)
 
 
 def main() -> None:
