@@ -93,10 +93,14 @@ class CommitMachine(RuleBasedStateMachine):
         ]
         for clock in self.clocks:
             clock.start()
-        self.model = ConsumerModel(
-            PARTITIONS, RECORDS, CONCURRENCY, members=MEMBERS, claim_s=CLAIM_S
-        )
-        self._run(self.model.start_all())
+        try:
+            self.model = ConsumerModel(
+                PARTITIONS, RECORDS, CONCURRENCY, members=MEMBERS, claim_s=CLAIM_S
+            )
+            self._run(self.model.start_all())
+        except BaseException:  # no teardown for a machine not built: the clocks back now
+            self._restore()
+            raise
 
     def _run(self, step: object) -> None:
         async def then_settle() -> None:
@@ -185,7 +189,12 @@ class CommitMachine(RuleBasedStateMachine):
         assert not missing, f"committed past prompts without an outcome: {missing}"
 
     def teardown(self) -> None:
-        self.loop.run_until_complete(self.model.close())
+        try:
+            self.loop.run_until_complete(self.model.close())
+        finally:
+            self._restore()
+
+    def _restore(self) -> None:
         self.loop.close()
         for clock in self.clocks:
             clock.stop()
