@@ -106,6 +106,9 @@ class StormPlan:
     timeout_s: float = 150.0
     # lag 0 for this long with prompts missing: they are lost, stop waiting
     settle_s: float = 10.0
+    # the workers' --claim-s (None: the default, 15 s): how long the new owners of a killed
+    # worker's claimed prompts wait before asking their own servers
+    claim_s: float | None = None
 
 
 @dataclass
@@ -447,6 +450,7 @@ class JoinStorm:
                 "--partitions",
                 str(self.plan.partitions),
                 *([] if slot in self.plan.static else ["--no-static-membership"]),
+                *([] if self.plan.claim_s is None else ["--claim-s", str(self.plan.claim_s)]),
             ],
             env=self.env,
         )

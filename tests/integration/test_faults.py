@@ -112,14 +112,15 @@ def test_kill_generate_worker_with_requests_in_flight(pipeline, write_prompts, t
     order = sorted(range(len(on_0)), key=lambda i: lengths[i], reverse=True)
     probe = on_1[min(range(len(on_1)), key=lambda i: lengths[len(on_0) + i])]
 
-    # the head's answer scripted long (~430 tokens, ~29 s at 15 tokens/s), not merely the
-    # longest drawn (~18 s): 20 completions and a commit behind it come first even when loaded
+    # the head's answer scripted long (~860 tokens, ~29 s at 30 tokens/s), not merely the
+    # longest drawn (~9 s): 20 completions and a commit behind it come first even when loaded
     head = on_0[order[0]]["messages"][-1]["content"]
     others = [row for i, row in enumerate(on_0) if i != order[0]] + on_1
     assert not any(head in str(m.get("content")) for row in others for m in row["messages"])
-    slow = "<think>\n" + "The slow head keeps on thinking. " * 25 + "\n</think>\n\nDone."
+    slow = "<think>\n" + "The slow head keeps on thinking. " * 50 + "\n</think>\n\nDone."
     script = write_rows(tmp_path / "slow-head.jsonl", [{"match": head, "output": slow}])
-    url, _ = pipeline.emulator("--tokens-per-s", "15", *LENGTHS, "--script", str(script))
+    served = ("--tokens-per-s", "30", *LENGTHS, "--script", str(script))
+    url, server = pipeline.emulator(*served)
     worker = pipeline.generate(url, "--concurrency", "16")
     tokenizer = pipeline.tokenize()
     summary = pipeline.publish(
@@ -143,6 +144,13 @@ def test_kill_generate_worker_with_requests_in_flight(pipeline, write_prompts, t
     missing = [o for o in range(committed) if by_offset[o] not in completed]
     assert not missing, f"committed offset {committed} passed unanswered prompts {missing}"
 
+    # what follows is the restart, not the slow head: the same server at full speed, on its
+    # port (the same --server: the same static member, the same settings)
+    server.kill()
+    port = url.rpartition(":")[2]
+    fast = ("emulate-server", "--tokenizer", str(pipeline.tokenizer_dir), "--port", port)
+    pipeline.stack.start_worker("emulator-fast", [*fast, *served, "--tokens-per-s", "4000"])
+    wait_for(lambda: emulator_stats(url), 120, "the server back at full speed", ignore=(OSError,))
     expected = set(summary.prompt_ids) | set(probed.prompt_ids)
     restarted = pipeline.stack.restart(worker)
     pipeline.wait(expected, [restarted, tokenizer])

@@ -28,7 +28,9 @@ def test_workers_joining_leaving_and_killed_lose_no_prompt(
         qwen_tokenizer_dir,
         tmp_path / "storm",
         topic_prefix,
-        StormPlan(),
+        # claims lapse in 5 s, not 15 (renewed every 1.7 s): the new owners of c's claimed
+        # prompts (killed -9) ask their own servers 10 s sooner
+        StormPlan(claim_s=5.0),
         say=print,
     )
     result = storm.run()
