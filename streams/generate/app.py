@@ -65,11 +65,16 @@ def member_id(settings: GenerateSettings, observe: ObserveSettings, group: str) 
     return claim.instance_id
 
 
-async def drain(app: faust.App, worker: GenerateWorker, seconds: float) -> None:
-    """SIGTERM with requests in flight: commit what is acked, claim the rest and stop the
-    consumer (a dynamic member leaves the group and its partitions move now; a static one, the
-    default, keeps them until its session times out; either way their new owners wait for the
-    claims), then finish them for up to `seconds`, their completions kept."""
+async def drain(
+    app: faust.App, worker: GenerateWorker, seconds: float, stealer: Stealer | None = None
+) -> None:
+    """SIGTERM with requests in flight: steal no more, commit what is acked, claim the rest and
+    stop the consumer (a dynamic member leaves the group and its partitions move now; a static
+    one, the default, keeps them until its session times out; either way their new owners wait
+    for the claims), then finish them (the stolen ones too) for up to `seconds`, their
+    completions kept."""
+    if stealer is not None:
+        stealer.stop()  # else it takes prompts it would leave unfinished when it exits
     await app.consumer.commit()  # under the leases, which the revocation below ends
     await worker.revoke_partitions(worker.intake.leases.held())
     await app.consumer.stop()  # faust's own stop of it later does nothing
@@ -134,6 +139,7 @@ def build_generate_app(
     async def end_idle_rounds() -> None:
         await turns.run()
 
+    stealer: Stealer | None = None
     if once.steal_after_s > 0 and once.ledger:
         prompts = kafka.topic(PROMPTS)
 
@@ -141,11 +147,11 @@ def build_generate_app(
             return {tp.partition for tp in app.consumer.assignment() if tp.topic == prompts}
 
         backlogs = KafkaBacklogs(kafka, prompts, kafka.group(GENERATE_GROUP))
-        stealer = Stealer(worker, backlogs, once, owned)
+        stealer = stealing = Stealer(worker, backlogs, once, owned)
 
         @app.task
         async def steal() -> None:
-            await stealer.run()
+            await stealing.run()
 
     # faust rebalances eagerly: every member's revocation handler returns before any partition
     # is assigned again, so a claim written here is in the ledger before its new owner starts
@@ -164,7 +170,7 @@ def build_generate_app(
         # faust has stopped fetching; the consumer is still in the group
         if settings.drain_s > 0 and worker.once is not None:
             try:
-                await drain(app, worker, settings.drain_s)
+                await drain(app, worker, settings.drain_s, stealer)
             except Exception:  # the stop goes on: what is not finished is redone by others
                 log.exception("finishing the requests in flight at shutdown failed")
         await worker.stop()

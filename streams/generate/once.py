@@ -257,14 +257,19 @@ class OnceStage:
             await task
 
     async def finish_claimed(self, seconds: float) -> None:
-        """Wait up to `seconds` for every claimed request to end and its claim be released."""
+        """Wait up to `seconds` for every claimed request to end and its claim be released,
+        those claimed while we wait too (a steal that was under way)."""
         holds = [task for task, _ in self._holds.values()]
         if not holds:
             return
         log.info("finishing %d claimed requests (for up to %.0f s)", len(holds), seconds)
-        _, pending = await asyncio.wait(holds, timeout=seconds)
-        if pending:
-            log.warning("%d claimed requests still running: their claims lapse", len(pending))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while holds and (left := deadline - loop.time()) > 0:
+            await asyncio.wait(holds, timeout=left)
+            holds = [task for task, _ in self._holds.values() if not task.done()]
+        if holds:
+            log.warning("%d claimed requests still running: their claims lapse", len(holds))
 
     def stop(self) -> None:
         for task, _ in self._holds.values():

@@ -80,6 +80,11 @@ class Stealer:
         # offsets this worker took already, by partition (those below the committed offset
         # are forgotten)
         self._taken: dict[int, set[int]] = {}
+        self._stopped = False
+
+    def stop(self) -> None:
+        """No more stealing: the worker drains (SIGTERM). What was stolen runs to its end."""
+        self._stopped = True
 
     @property
     def margin(self) -> int:
@@ -96,7 +101,7 @@ class Stealer:
         try:
             await self.thief.ready_to_steal()
             empty_handed = 0
-            while True:
+            while not self._stopped:
                 busy_at = self.thief.last_busy
                 await self.thief.wait_idle(self.idle_s)
                 if self.thief.last_busy != busy_at:
@@ -121,7 +126,9 @@ class Stealer:
     async def steal_once(self) -> int | None:
         """Take prompts from the end of someone's backlog, as many as this worker has free
         slots (at most `batch`), and start them; returns how many were started, None if there
-        was nothing left to take."""
+        was nothing left to take (or stealing was stopped)."""
+        if self._stopped:
+            return None
         committed = await self.backlogs.committed()
         mine = self.owned()
         others = [p for p in committed if p not in mine]
@@ -155,6 +162,8 @@ class Stealer:
                     break
         taken.update(offsets)
         records = await self.backlogs.read(partition, set(offsets))
+        if self._stopped:  # stopped while we looked: a draining worker starts nothing new
+            return None
         fresh = [(k, v) for k, v in records if not self.thief.already_generated(k.decode(), v)]
         if not fresh:
             return 0

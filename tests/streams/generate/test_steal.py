@@ -177,6 +177,57 @@ def test_a_thief_takes_from_the_end_of_a_backlog_no_more_than_its_free_slots() -
     run(scenario)
 
 
+def test_a_draining_worker_steals_no_more_and_finishes_what_it_stole() -> None:
+    """SIGTERM: the stealer stops, also in the middle of a look (a prompt read then is not
+    started), and the drain waits for a stolen request claimed after it began."""
+
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        worker, _ = await once_worker(client, kafka, concurrency=4)
+        looking = asyncio.Event()
+        resume = asyncio.Event()
+
+        class SlowBacklogs(FakeBacklogs):
+            hold = False
+
+            async def read(self, partition: int, offsets: set[int]) -> list[tuple[bytes, bytes]]:
+                if self.hold:
+                    looking.set()
+                    await resume.wait()
+                return await super().read(partition, offsets)
+
+        backlogs = SlowBacklogs({0: 0, 1: 0}, {1: 30})
+        stealer = Stealer(
+            worker, backlogs, OnceSettings(steal_margin=0, steal_batch=1), lambda: {0}
+        )
+        client.gates["p1-29"] = asyncio.Event()
+        assert await stealer.steal_once() == 1  # stolen, its request running
+        await until(lambda: client.requests == ["p1-29"], "the stolen request running")
+        draining = asyncio.create_task(worker.finish_claimed(30))
+        backlogs.hold = True
+        look = asyncio.create_task(stealer.steal_once())
+        await looking.wait()
+        stealer.stop()  # the SIGTERM, while the stealer reads another backlog
+        resume.set()
+        assert await look is None
+        assert await stealer.steal_once() is None and len(backlogs.reads) == 2
+        # a steal already past its last look when the drain began: claimed after it began
+        client.gates["late"] = asyncio.Event()
+        await worker.start_stolen([(b"late", prompt("late"))])
+        await until(lambda: "late" in client.requests, "the late stolen request running")
+        client.gates["p1-29"].set()
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not draining.done()  # "late" still runs
+        client.gates["late"].set()
+        await asyncio.wait_for(draining, 5)
+        assert client.requests == ["p1-29", "late"]  # nothing read after the stop was started
+        assert sorted(kafka.sent_to(COMPLETIONS)) == ["late", "p1-29"]
+        await worker.stop()
+
+    run(scenario)
+
+
 def test_looks_failing_through_a_broker_outage_are_one_line_and_one_when_they_work_again(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
