@@ -410,6 +410,8 @@ class ShardSink(Generic[T]):
                 window.generation,
             )
             return
+        if not self.leases.holds(window.lease):
+            return  # revoked while the seal was checked: as above (no await from here on)
         self.stage.committed(marker, window.items)
         for event in window.events:
             # in offset order, from the lease's start: raises on anything else (a bug)

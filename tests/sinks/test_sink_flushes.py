@@ -32,6 +32,7 @@ class SlowStore(ShardStore):
         super().__init__(*args, **kwargs)
         self.block, self.partition = block, partition
         self.entered, self.release = threading.Event(), threading.Event()
+        self.fenced_calls, self.fenced_free = 0, 0
 
     def _wait(self, what: str, partition: int | None) -> None:
         if what == self.block and self.partition in (None, partition):
@@ -45,6 +46,12 @@ class SlowStore(ShardStore):
     def markers(self, partition: int | None = None) -> list[ShardMarker]:
         self._wait("markers", partition)
         return super().markers(partition)
+
+    def fenced(self) -> bool:
+        self.fenced_calls += 1
+        if self.fenced_calls > self.fenced_free:  # the sink asks before a write and after it
+            self._wait("fenced", None)
+        return super().fenced()
 
 
 def test_intake_goes_on_while_a_window_is_written(tmp_path: Path) -> None:
@@ -147,6 +154,28 @@ def test_a_failed_flush_stops_intake_and_nothing_after_it_in_its_partition_is_ac
 
 def test_a_window_revoked_while_it_is_written_is_not_acked(tmp_path: Path) -> None:
     store = SlowStore(str(tmp_path), "v1", block="write")
+    h = harness(store, max_records=2)
+
+    async def run() -> None:
+        await h.add(0, 0, "a")
+        flushing = asyncio.create_task(h.add(0, 1, "b"))
+        await asyncio.to_thread(store.entered.wait, 30)
+        h.sink.on_revoked([TP("completions", 0)])
+        store.release.set()
+        await flushing
+
+    asyncio.run(run())
+    assert h.marker_exists(0, 0)  # the new owner removes it on adoption and redoes the window
+    assert h.acks() == []
+    assert not any(entry[0] == "committed" for entry in h.log)
+
+
+def test_a_window_revoked_while_the_seal_is_checked_is_not_acked(tmp_path: Path) -> None:
+    """Between its shard's write and its acks the sink asks the store whether the version is
+    sealed: a revocation then leaves the window unacked, as during the write (it raised
+    LeaseError in the worker's agent, which crashed and restarted)."""
+    store = SlowStore(str(tmp_path), "v1", block="fenced")
+    store.fenced_free = 1  # the check after the write blocks
     h = harness(store, max_records=2)
 
     async def run() -> None:
