@@ -55,6 +55,7 @@ from streams.core.records import PromptRecord
 from streams.core.settings import GENERATE_GROUP, PROMPTS, KafkaSettings
 from streams.core.topics import ensure_topics
 from tests.benchmarks.proc import cpu_s
+from tests.benchmarks.workers import generate_argv
 from tests.integration.probes import stable_members
 
 # faust's log line: "[2026-12-03 10:41:02,123] [4242] [INFO] ..."
@@ -177,25 +178,6 @@ class Bench:
             self.servers.append((url, log))
         self.stack.forked = self.args.forked  # the workers only: the servers are the same
 
-    def worker_argv(self, url: str, kafka: KafkaSettings) -> list[str]:
-        return [
-            "--log-level",
-            "INFO",
-            "worker",
-            "generate",
-            "--server",
-            url,
-            "--bootstrap",
-            kafka.bootstrap,
-            "--topic-prefix",
-            kafka.topic_prefix,
-            "--partitions",
-            str(self.args.partitions),
-            "--concurrency",
-            str(self.args.concurrency),
-            *self.args.worker_flags,
-        ]
-
     def run(self, count: int, repeat: int) -> RunResult:
         prefix = f"f{count}r{repeat}{uuid.uuid4().hex[:6]}-"
         kafka = KafkaSettings(
@@ -207,9 +189,11 @@ class Bench:
         servers = self.servers[:count]
         t0 = time.time()
         workers: list[tuple[ManagedProcess, WorkerTimes]] = []
+        a = self.args
         for index, (url, _) in enumerate(servers):
             spawned = time.time() - t0
-            process = self.stack.start_worker(f"{prefix}w{index}", self.worker_argv(url, kafka))
+            argv = generate_argv(url, kafka, a.concurrency, *a.worker_flags)
+            process = self.stack.start_worker(f"{prefix}w{index}", argv)
             workers.append((process, WorkerTimes(spawned=spawned)))
         deadline = time.monotonic() + self.args.timeout
         requested: list[float | None] = [None] * count

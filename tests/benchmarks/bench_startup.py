@@ -35,6 +35,7 @@ from streams.core.normalize import prompt_id
 from streams.core.records import PromptRecord
 from streams.core.settings import GENERATE_GROUP, PROMPTS, KafkaSettings
 from streams.core.topics import ensure_topics
+from tests.benchmarks.workers import generate_argv
 from tests.integration.probes import emulator_stats, stable_members
 
 PARTITIONS = 16
@@ -92,29 +93,10 @@ def _kafka(bootstrap: str, letter: str) -> KafkaSettings:
     return KafkaSettings(bootstrap=bootstrap, topic_prefix=prefix, partitions=PARTITIONS)
 
 
-def _worker_argv(url: str, kafka: KafkaSettings, *extra: str) -> list[str]:
-    return [
-        "--log-level",
-        "INFO",
-        "worker",
-        "generate",
-        "--server",
-        url,
-        "--bootstrap",
-        kafka.bootstrap,
-        "--topic-prefix",
-        kafka.topic_prefix,
-        "--partitions",
-        str(PARTITIONS),
-        "--concurrency",
-        "4",
-        *extra,
-    ]
-
-
 def warm(stack: LocalStack, bootstrap: str, url: str, repeats: int) -> list[float]:
     kafka = _kafka(bootstrap, "w")
-    worker = stack.start_worker("gen-warm", _worker_argv(url, kafka, "--instance-id", "bench-warm"))
+    argv = generate_argv(url, kafka, 4, "--instance-id", "bench-warm")
+    worker = stack.start_worker("gen-warm", argv)
     _wait_idle(worker, kafka)
     time.sleep(2.0)  # idle for a while: what is measured is the steady idle fetch
     times = []
@@ -136,7 +118,7 @@ def cold(stack: LocalStack, bootstrap: str, url: str, repeats: int) -> list[floa
         asyncio.run(_publish(kafka, *_record(f"cold {index}")))
         before = _requests(url)
         started_at = time.time()
-        worker = stack.start_worker("gen-cold", _worker_argv(url, kafka))
+        worker = stack.start_worker("gen-cold", generate_argv(url, kafka, 4))
         # its probe for token ids comes first, then the prompt
         times.append(_request_seen(url, before + 2) - started_at)
         print(f"cold #{index + 1}: {times[-1]:.3f} s", flush=True)

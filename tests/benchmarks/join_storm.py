@@ -58,6 +58,7 @@ from streams.core.settings import (
     KafkaSettings,
 )
 from streams.core.topic_reader import TopicReader
+from tests.benchmarks.workers import generate_argv
 from tests.integration.probes import emulator_stats, group_lag, log_lines, stable_members
 from tests.polling import wait_for
 
@@ -434,24 +435,13 @@ class JoinStorm:
         url = self.servers[slot][0]
         process = self.stack.start_worker(
             f"gen-{slot}",
-            [
-                "--log-level",
-                "INFO",
-                "worker",
-                "generate",
-                "--server",
+            generate_argv(
                 url,
-                "--concurrency",
-                str(self.plan.concurrency),
-                "--bootstrap",
-                self.kafka.bootstrap,
-                "--topic-prefix",
-                self.kafka.topic_prefix,
-                "--partitions",
-                str(self.plan.partitions),
+                self.kafka,
+                self.plan.concurrency,
                 *([] if slot in self.plan.static else ["--no-static-membership"]),
                 *([] if self.plan.claim_s is None else ["--claim-s", str(self.plan.claim_s)]),
-            ],
+            ),
             env=self.env,
         )
         number = sum(inc.slot == slot for inc in self.incarnations) + 1
