@@ -180,7 +180,8 @@ def main() -> None:
 
 
 class ForkedChild:
-    """A `subprocess.Popen`-like handle of a child the zygote forked."""
+    """A `subprocess.Popen`-like handle of a child the zygote forked: what `Child` asks
+    (compose/children.py); signals go to its process group by PID, as to any child's."""
 
     def __init__(self, zygote: Zygote, pid: int, argv: Sequence[str]):
         self._zygote = zygote
@@ -199,16 +200,6 @@ class ForkedChild:
             if self.returncode is None:
                 raise subprocess.TimeoutExpired(self.args, timeout or 0)
         return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, sig)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
 
 
 class Zygote:

@@ -152,30 +152,18 @@ def test_a_failed_flush_stops_intake_and_nothing_after_it_in_its_partition_is_ac
     assert h.store.markers() == []
 
 
-def test_a_window_revoked_while_it_is_written_is_not_acked(tmp_path: Path) -> None:
-    store = SlowStore(str(tmp_path), "v1", block="write")
-    h = harness(store, max_records=2)
-
-    async def run() -> None:
-        await h.add(0, 0, "a")
-        flushing = asyncio.create_task(h.add(0, 1, "b"))
-        await asyncio.to_thread(store.entered.wait, 30)
-        h.sink.on_revoked([TP("completions", 0)])
-        store.release.set()
-        await flushing
-
-    asyncio.run(run())
-    assert h.marker_exists(0, 0)  # the new owner removes it on adoption and redoes the window
-    assert h.acks() == []
-    assert not any(entry[0] == "committed" for entry in h.log)
-
-
-def test_a_window_revoked_while_the_seal_is_checked_is_not_acked(tmp_path: Path) -> None:
-    """Between its shard's write and its acks the sink asks the store whether the version is
-    sealed: a revocation then leaves the window unacked, as during the write (it raised
-    LeaseError in the worker's agent, which crashed and restarted)."""
-    store = SlowStore(str(tmp_path), "v1", block="fenced")
-    store.fenced_free = 1  # the check after the write blocks
+@pytest.mark.parametrize(
+    ("block", "free"),
+    # the shard's write; then the seal's check after it (a revocation there raised LeaseError
+    # in the worker's agent, which crashed and restarted): the sink asks before a write too
+    [("write", 0), ("fenced", 1)],
+    ids=["while-written", "while-the-seal-is-checked"],
+)
+def test_a_window_revoked_between_its_write_and_its_acks_is_not_acked(
+    tmp_path: Path, block: str, free: int
+) -> None:
+    store = SlowStore(str(tmp_path), "v1", block=block)
+    store.fenced_free = free
     h = harness(store, max_records=2)
 
     async def run() -> None:

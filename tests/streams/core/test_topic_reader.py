@@ -232,6 +232,16 @@ def test_ledger_follower_reads_its_settings_then_follows_through_an_outage(
     run(scenario)
 
 
+async def following_an_empty_ledger(broker: FakeBroker) -> tuple[str, LedgerFollower]:
+    """A ledger topic of two partitions, and a follower caught up with it."""
+    topic = KAFKA.topic(GENERATED)
+    broker.create(topic, 2)
+    follower = LedgerFollower(KAFKA, poll_ms=1)
+    await follower.start()
+    await asyncio.wait_for(follower.caught_up.wait(), 5)
+    return topic, follower
+
+
 def test_a_ledger_barrier_returns_once_what_was_written_before_it_is_read(
     broker: FakeBroker,
 ) -> None:
@@ -239,11 +249,7 @@ def test_a_ledger_barrier_returns_once_what_was_written_before_it_is_read(
     says of claims: a claim written just before (by the partition's old owner) is seen."""
 
     async def scenario() -> None:
-        topic = KAFKA.topic(GENERATED)
-        broker.create(topic, 2)
-        follower = LedgerFollower(KAFKA, poll_ms=1)
-        await follower.start()
-        await asyncio.wait_for(follower.caught_up.wait(), 5)
+        topic, follower = await following_an_empty_ledger(broker)
         assert await follower.synced(0.01)  # no barrier yet
         claim = Claim("old-owner", until=time.time() + 30)
         broker.append(topic, 1, claim_key("p", "mine").encode(), claim.encode())
@@ -263,11 +269,7 @@ def test_a_waiter_on_a_barrier_superseded_by_a_later_assignment_returns_with_the
     later barrier is read (a stronger one), not after the waiter's whole timeout."""
 
     async def scenario() -> None:
-        topic = KAFKA.topic(GENERATED)
-        broker.create(topic, 2)
-        follower = LedgerFollower(KAFKA, poll_ms=1)
-        await follower.start()
-        await asyncio.wait_for(follower.caught_up.wait(), 5)
+        topic, follower = await following_an_empty_ledger(broker)
         broker.append(topic, 0, claim_key("p", "mine").encode(), Claim("a", time.time()).encode())
         follower.sync()  # the first assignment
         first = asyncio.create_task(follower.synced(30))
