@@ -10,13 +10,14 @@ per key forever, so the record survives worker restarts and is read back in full
 - every generate worker, continuously (`LedgerFollower`): a prompt published again while the
   run goes on is acked without being generated.
 
-A third kind of key, ``{prompt_id}@{settings hash}{CLAIM}``, is no outcome: a generate worker
-whose partition was revoked while it was generating the prompt writes it (before its revocation
-handler returns, so before the group assigns the partition elsewhere) and renews it while its
-request runs; the partition's new owner waits for that request's outcome instead of asking its
-own server (streams/generate/once.py). Its value is a `Claim`; the last one written for a key is
-a release once the request ended (with or without an outcome). Readers of outcomes skip claim
-keys (`outcome_key`).
+A third kind of key, ``{work key}{CLAIM}``, is no outcome but who requests the prompt now: every
+generate worker claims a prompt before it requests it, and the claims of one prompt share one
+key, so Kafka orders them and every reader decides the same holder from them (`LedgerState.take`,
+the rule in `Claim`; the protocol around it is streams/generate/claims.py). The work key is
+``{prompt_id}@{settings hash}``, with ``~{nonce}`` for a prompt published with `--regenerate`
+(its own publish's claims: the earlier outcome does not settle it). A release carries the
+outcome, so a reader that sees a prompt freed has seen how it ended. Readers of outcomes skip
+claim keys (`outcome_key`).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def settings_hash(model: str, sampling: dict[str, Any], thinking: bool, regen: s
 DEAD = "!dead"
 
 
-# suffix of the key of a claim: a worker finishing a request of a revoked prompt (no outcome)
+# suffix of the key of a claim: who requests the prompt now (no outcome)
 CLAIM = "!claim"
 
 
@@ -69,10 +70,6 @@ def ledger_key(prompt_id: str, settings: str) -> str:
 
 def dead_key(prompt_id: str, settings: str) -> str:
     return f"{ledger_key(prompt_id, settings)}{DEAD}"
-
-
-def claim_key(prompt_id: str, settings: str) -> str:
-    return f"{ledger_key(prompt_id, settings)}{CLAIM}"
 
 
 def split_key(key: str) -> tuple[str, str]:
@@ -86,32 +83,79 @@ def outcome_key(key: str) -> str | None:
     return None if key.endswith(CLAIM) else key
 
 
+# how a released claim's request ended: a completion, a dead letter (None: no outcome, the
+# prompt is free again)
+DONE = "done"
+DEAD_LETTER = "dead"
+NONCE = "~"
+
+
+def work_key(prompt_id: str, settings: str, nonce: str = "") -> str:
+    """What a claim is on: the prompt under these settings; `nonce`: one `--regenerate` publish."""
+    base = ledger_key(prompt_id, settings)
+    return f"{base}{NONCE}{nonce}" if nonce else base
+
+
+def claim_key(work: str) -> str:
+    return f"{work}{CLAIM}"
+
+
+def outcome_of(work: str) -> str:
+    """The outcome key's base of a work key (its publish's nonce left out)."""
+    return work.partition(NONCE)[0]
+
+
 @dataclass(frozen=True)
 class Claim:
-    """Who is finishing a revoked prompt's request, until when (wall clock, seconds since the
-    epoch: the claimant renews it well before; a claim not renewed lapses, as a killed worker's
-    does). `released`: the request ended; the outcome, if any, was written before."""
+    """Who requests a prompt, written at `at` and lapsing at `until` (wall clock, seconds since
+    the epoch; the holder renews it well before). `released`: the request ended, and
+    `outcome` says how (DONE, DEAD_LETTER) when it left one, written to the ledger before.
+
+    The rule every reader applies in the ledger's order (`LedgerState.take`), so all agree: a
+    claim wins when the prompt has no holder, when it is its holder's own (a renewal), or when
+    the holder's claim had lapsed at the new claim's `at`; a release frees the prompt only when
+    its holder wrote it."""
 
     worker: str
     until: float
     released: bool = False
+    at: float = 0.0
+    outcome: str | None = None
 
     def encode(self) -> bytes:
-        return orjson.dumps(
-            {"v": 1, "claim": self.worker, "until": self.until, "released": self.released}
-        )
+        value: dict[str, Any] = {
+            "v": 1,
+            "claim": self.worker,
+            "until": self.until,
+            "at": self.at,
+            "released": self.released,
+        }
+        if self.outcome:
+            value["outcome"] = self.outcome
+        return orjson.dumps(value)
 
     @classmethod
     def decode(cls, value: bytes | None) -> Claim | None:
         """None for a value that is no claim (written by a later version, or damaged)."""
         try:
             data = orjson.loads(value or b"")
-            return cls(str(data["claim"]), float(data["until"]), bool(data.get("released")))
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            outcome = data.get("outcome")
+            return cls(
+                str(data["claim"]),
+                float(data["until"]),
+                bool(data.get("released")),
+                float(data.get("at") or 0.0),
+                outcome if outcome in (DONE, DEAD_LETTER) else None,
+            )
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
             return None
 
     def holds(self, now: float | None = None) -> bool:
         return not self.released and self.until > (time.time() if now is None else now)
+
+    def beats(self, holder: Claim | None) -> bool:
+        """Whether this claim, read after `holder`'s, makes its writer the holder."""
+        return holder is None or holder.worker == self.worker or holder.until <= self.at
 
 
 def ledger_value(prompt_id: str, settings: str, server: str) -> bytes:
@@ -136,17 +180,22 @@ def generated_prompt_ids(keys: Iterable[str]) -> set[str]:
 
 
 class LedgerState:
-    """What the ledger says, from its records (`take`): the outcome keys, and the claims of
-    prompts whose request another worker is finishing. `settings` (or `restrict`, once a worker
-    knows its model) restricts what is kept to those hashes (a worker only asks about its own
-    settings), which bounds memory to one id per generated prompt."""
+    """What the ledger says, from its records (`take`): the outcome keys, and the holder of each
+    prompt's claim. `settings` (or `restrict`, once a worker knows its model) restricts what is
+    kept to those hashes (a worker only asks about its own settings), which bounds memory to one
+    id per generated prompt."""
 
     def __init__(self, settings: str | None = None) -> None:
         self.settings: frozenset[str] | None = None if settings is None else frozenset([settings])
         self.keys: set[str] = set()
-        # ledger key -> the claim last written for it (released ones dropped)
+        # work key -> the claim that holds it, by the rule in `Claim` (released ones dropped)
         self.claims: dict[str, Claim] = {}
-        self._changed = asyncio.Event()
+        # work keys of --regenerate publishes released with an outcome
+        self.regenerated: set[str] = set()
+        # claims written here, waiting to be read back: (work key, worker, at) -> won?
+        self._echoes: dict[tuple[str, str, float], asyncio.Future[bool]] = {}
+        # work key -> set at the next record of it (a claim, a release, an outcome)
+        self._watched: dict[str, asyncio.Event] = {}
 
     def restrict(self, settings: Iterable[str]) -> None:
         """Keep only keys of these settings hashes, from now on and of those read so far."""
@@ -155,7 +204,7 @@ class LedgerState:
         self.claims = {key: c for key, c in self.claims.items() if self._kept(key)}
 
     def _kept(self, key: str) -> bool:
-        base = key.removesuffix(DEAD).removesuffix(CLAIM)
+        base = outcome_of(key.removesuffix(CLAIM).removesuffix(DEAD))
         return self.settings is None or split_key(base)[1] in self.settings
 
     def contains(self, prompt_id: str, settings: str) -> bool:
@@ -165,10 +214,18 @@ class LedgerState:
         """Completed or dead-lettered with these settings."""
         return self.contains(prompt_id, settings) or dead_key(prompt_id, settings) in self.keys
 
+    def settled(self, work: str) -> bool:
+        """Whether the work has its outcome: a --regenerate publish's own, else the prompt's."""
+        if NONCE in work:
+            return work in self.regenerated
+        return work in self.keys or f"{work}{DEAD}" in self.keys
+
+    def holder(self, work: str) -> Claim | None:
+        """The claim that holds the work, if any (it may have lapsed: `Claim.holds`)."""
+        return self.claims.get(work)
+
     def claim(self, prompt_id: str, settings: str) -> Claim | None:
-        """The claim on this prompt, if one is written and not released (it may have lapsed:
-        `Claim.holds`)."""
-        return self.claims.get(ledger_key(prompt_id, settings))
+        return self.holder(ledger_key(prompt_id, settings))
 
     def add(self, prompt_id: str, settings: str) -> None:
         """What this process wrote itself, known before the topic echoes it back."""
@@ -177,9 +234,22 @@ class LedgerState:
     def add_dead(self, prompt_id: str, settings: str) -> None:
         self.keys.add(dead_key(prompt_id, settings))
 
-    async def changed(self) -> None:
-        """Returns at the next record taken (a claim renewed or released, an outcome)."""
-        await self._changed.wait()
+    def expect(self, work: str, claim: Claim) -> asyncio.Future[bool]:
+        """Before writing `claim`: resolves once it is read back, true if it won the work."""
+        future = asyncio.get_running_loop().create_future()
+        self._echoes[(work, claim.worker, claim.at)] = future
+        return future
+
+    def forget(self, work: str, claim: Claim) -> None:
+        """A claim no longer waited for (its write gave up)."""
+        self._echoes.pop((work, claim.worker, claim.at), None)
+
+    def watch(self, work: str) -> asyncio.Event:
+        """Set at the next record of this work (claim, release or outcome)."""
+        event = self._watched.get(work)
+        if event is None:
+            event = self._watched[work] = asyncio.Event()
+        return event
 
     def take(self, key: bytes | None, value: bytes | None) -> None:
         """One record of the ledger topic."""
@@ -189,23 +259,40 @@ class LedgerState:
         if not self._kept(text):
             return
         if text.endswith(CLAIM):
-            base = text.removesuffix(CLAIM)
+            work = text.removesuffix(CLAIM)
             claim = Claim.decode(value)
-            if claim is None or claim.released:
-                self.claims.pop(base, None)
-            else:
-                self.claims[base] = claim
+            if claim is not None:
+                self._take_claim(work, claim)
         else:
             self.keys.add(text)
-        self._changed.set()
-        self._changed = asyncio.Event()  # waiters hold the one just set
+            work = text.removesuffix(DEAD)
+        if (event := self._watched.pop(work, None)) is not None:
+            event.set()
+
+    def _take_claim(self, work: str, claim: Claim) -> None:
+        holder = self.claims.get(work)
+        if claim.released:
+            if holder is not None and holder.worker == claim.worker:
+                del self.claims[work]
+            if claim.outcome is not None:  # written before the release: known with it
+                base = outcome_of(work)
+                self.keys.add(base if claim.outcome == DONE else f"{base}{DEAD}")
+                if NONCE in work:
+                    self.regenerated.add(work)
+            return
+        won = claim.beats(holder)
+        if won:
+            self.claims[work] = claim
+        echo = self._echoes.pop((work, claim.worker, claim.at), None)
+        if echo is not None and not echo.done():
+            echo.set_result(won)
 
 
 class LedgerFollower(LedgerState):
     """Reads the ledger from its start and keeps following it; `caught_up` is set once the end
     offsets seen at start are reached. A broker outage while following is waited out with
-    `backoff`; the keys read are kept. `sync()` sets a read-your-writes barrier: `synced()`
-    returns once everything written to the ledger before the call is read."""
+    `backoff`; the keys read are kept. A claimant learns whether its claim won by reading it
+    back (`expect`): the ledger's order of one key's records is the same for every reader."""
 
     def __init__(
         self,
@@ -221,11 +308,6 @@ class LedgerFollower(LedgerState):
         self.caught_up = asyncio.Event()
         self._reader = TopicReader(kafka, kafka.topic(GENERATED))
         self._task: asyncio.Task[None] | None = None
-        # the end offsets of the last barrier, and whether they were reached
-        self._barrier: dict[Any, int] | None = None
-        self._synced = asyncio.Event()
-        self._synced.set()
-        self._syncing: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         if not await self._reader.open():
@@ -234,41 +316,11 @@ class LedgerFollower(LedgerState):
         self._task = asyncio.create_task(self._follow())
 
     async def stop(self) -> None:
-        for task in (self._task, self._syncing):
-            if task:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
         await self._reader.close()
-
-    def sync(self) -> None:
-        """A barrier at this moment (called as partitions are assigned): the ledger's end
-        offsets are asked now, and `synced()` waits until they are read. A barrier not reached
-        yet is replaced by this later one, and its waiters wait for the later one: a fleet
-        starting together rebalances several times within a second."""
-        if not self._reader.is_open:
-            return  # no ledger topic yet: nothing written to wait for
-        if self._synced.is_set():
-            self._synced = asyncio.Event()
-        self._barrier = None  # the earlier offsets no longer release anyone
-        if self._syncing is not None:
-            self._syncing.cancel()
-        self._syncing = asyncio.create_task(self._ends(self._synced))
-
-    async def _ends(self, synced: asyncio.Event) -> None:
-        try:
-            self._barrier = await self._reader.ends()
-        except Exception as err:  # a broker outage: no barrier (the caller's wait is bounded)
-            log.warning("the generated ledger's end offsets: %s", err)
-            synced.set()
-
-    async def synced(self, timeout: float) -> bool:
-        """Whether the last barrier was reached within `timeout` seconds."""
-        try:
-            await asyncio.wait_for(self._synced.wait(), timeout)
-        except TimeoutError:
-            return False
-        return True
 
     async def _follow(self) -> None:
         while True:
@@ -276,11 +328,6 @@ class LedgerFollower(LedgerState):
                 "reading the generated ledger", self._next, self.backoff, log
             ):
                 self.take(record.key, record.value)
-            barrier = self._barrier
-            reached = barrier is not None and await self._reader.reached(barrier)
-            if reached and barrier is self._barrier:  # not replaced by a later one meanwhile
-                self._barrier = None
-                self._synced.set()
 
     async def _next(self) -> list[Any]:
         if not self.caught_up.is_set() and await self._reader.caught_up():

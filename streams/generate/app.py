@@ -68,17 +68,19 @@ def member_id(settings: GenerateSettings, observe: ObserveSettings, group: str) 
 async def drain(
     app: faust.App, worker: GenerateWorker, seconds: float, stealer: Stealer | None = None
 ) -> None:
-    """SIGTERM with requests in flight: steal no more, commit what is acked, claim the rest and
-    stop the consumer (a dynamic member leaves the group and its partitions move now; a static
-    one, the default, keeps them until its session times out; either way their new owners wait
-    for the claims), then finish them (the stolen ones too) for up to `seconds`, their
-    completions kept."""
+    """SIGTERM: steal no more, commit what is acked, drop the prompts not requesting and stop
+    the consumer (a dynamic member leaves the group and its partitions move now; a static one,
+    the default, keeps them until its session times out; either way their new owners wait for
+    the claims of the requests running here), then finish those for up to `seconds` (the
+    stolen ones too; a server that is down or hung ends them at once) and release the rest."""
     if stealer is not None:
         stealer.stop()  # else it takes prompts it would leave unfinished when it exits
+    if worker.once is not None:
+        worker.once.draining = True  # stolen prompts not requesting stop
     await app.consumer.commit()  # under the leases, which the revocation below ends
     await worker.revoke_partitions(worker.intake.leases.held())
     await app.consumer.stop()  # faust's own stop of it later does nothing
-    await worker.finish_claimed(seconds)
+    await worker.finish_requests(seconds)
 
 
 def build_generate_app(
@@ -153,15 +155,14 @@ def build_generate_app(
         async def steal() -> None:
             await stealing.run()
 
-    # faust rebalances eagerly: every member's revocation handler returns before any partition
-    # is assigned again, so a claim written here is in the ledger before its new owner starts
+    # a revoked partition's requests go on under their claims (streams/generate/claims.py),
+    # which its new owner reads before it requests anything
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # faust types are narrower than its runtime
     async def on_revoked(sender: Any, *args: Any, **_: Any) -> None:
         await worker.revoke_partitions(args[0])  # faust sends the revoked set positionally
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def on_assigned(sender: Any, *args: Any, **_: Any) -> None:
-        worker.assigned()  # claims written before now are read before a prompt trusts the ledger
         # a lease begun since the revocation, on a partition this assignment did not give us
         await worker.revoke_partitions(worker.intake.leases.not_in(args[0]))
 

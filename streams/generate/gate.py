@@ -1,10 +1,14 @@
 """The server gate: whether a generate worker may send requests to its server now.
 
-Closed while the server is down or refuses the API key. The first request that finds it so
-closes the gate (`pause`); one task then probes the server, backing off but never more than
-`health_interval_s` apart, and opens the gate once it answers and accepts the key; every other
-request only waits for the gate. One line when the gate closes, one per change of its reason,
-one when it opens: a pause never burns a prompt's attempts nor turns prompts into dead letters.
+Closed while the server is down, hung or refuses the API key. The first request that finds it so
+closes the gate (`pause`), and so does the watchdog (`watch`), which probes the server while the
+gate is open, so that a server that stopped answering without closing its connections (a hung
+collective, SIGSTOP) is noticed although no request fails. One task then probes the server,
+backing off but never more than `health_interval_s` apart, and opens the gate once it answers and
+accepts the key; every other request only waits for the gate. Requests under a claim end when
+the gate closes (`wait_closed`, streams/generate/once.py), so their prompts go to other servers.
+One line when the gate closes, one per change of its reason, one when it opens: a pause never
+burns a prompt's attempts nor turns prompts into dead letters.
 """
 
 from __future__ import annotations
@@ -43,24 +47,50 @@ class ServerGate:
         # what the worker knows of its server: one line when it goes, one when it is back
         self.outage = Outage(f"server {client.base_url}", log)
         self._open = asyncio.Event()
+        self._closed = asyncio.Event()  # set while the gate is closed after being open
         self._prober: asyncio.Task[None] | None = None
         self._down_since = 0.0
 
     def open(self) -> None:
         """The server answered at start: requests may go."""
+        self._closed.clear()
         self._open.set()
+
+    @property
+    def is_open(self) -> bool:
+        return self._open.is_set()
 
     async def wait_open(self) -> None:
         await self._open.wait()
 
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
     async def pause(self, reason: str = DOWN) -> None:
         """Close the gate until the server is healthy again and accepts the API key."""
+        self.shut(reason)
+        await self._open.wait()
+
+    def shut(self, reason: str = DOWN) -> None:
+        """Close the gate (unless closed already) and probe until the server is healthy."""
         if self._prober is None or self._prober.done():
             self._open.clear()
+            self._closed.set()
             self._pause_for(reason)
             self._down_since = time.monotonic()
             self._prober = asyncio.create_task(self._probe_until_healthy())
-        await self._open.wait()
+
+    async def watch(self, every_s: float, busy: Callable[[], bool]) -> None:
+        """While the gate is open and `busy()` (requests run), probe the server every `every_s`:
+        one that does not answer (each probe has its own timeout) closes the gate."""
+        while True:
+            await asyncio.sleep(every_s)
+            if not self.is_open or not busy():
+                continue
+            problem = await self.unavailable()
+            if problem is not None and self.is_open:
+                log.warning("server %s stopped answering its health probe", self.client.base_url)
+                self.shut(problem)
 
     def authorized(self, call: Callable[[], Awaitable[T]]) -> Callable[[], Awaitable[T]]:
         """`call`, except that a refused API key pauses (one line, as for requests) until the
@@ -113,4 +143,4 @@ class ServerGate:
         )
         self.stats.paused = False
         self.stats.paused_for = ""
-        self._open.set()
+        self.open()

@@ -5,7 +5,7 @@ KafkaBacklogs)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Protocol
 
 from streams.core.ledger import Claim
@@ -63,30 +63,31 @@ class Ledger(Protocol):
     def ended(self, prompt_id: str, settings: str) -> bool: ...
     def add(self, prompt_id: str, settings: str) -> None: ...
     def add_dead(self, prompt_id: str, settings: str) -> None: ...
-    @property
-    def claims(self) -> Mapping[str, Claim]:
-        """Every claim not released, by ledger key."""
+
+    # claims (streams/generate/claims.py): by work key
+    def settled(self, work: str) -> bool: ...
+    def holder(self, work: str) -> Claim | None:
+        """The claim that holds the work by the ledger's rule (it may have lapsed)."""
         ...
 
-    def claim(self, prompt_id: str, settings: str) -> Claim | None:
-        """The claim not released on this prompt, if any (it may have lapsed)."""
+    def expect(self, work: str, claim: Claim) -> asyncio.Future[bool]:
+        """Before writing `claim`: resolves once it is read back, true if it won."""
         ...
 
-    async def changed(self) -> None:
-        """Returns at the next record read."""
+    def forget(self, work: str, claim: Claim) -> None: ...
+    def watch(self, work: str) -> asyncio.Event:
+        """Set at the next record of the work read."""
         ...
-
-    def sync(self) -> None:
-        """A barrier now: `synced` waits until the ledger is read up to this moment."""
-        ...
-
-    async def synced(self, timeout: float) -> bool: ...
 
 
 class Gate(Protocol):
     """Whether requests may go to the server now (streams/generate/gate.py's ServerGate)."""
 
     async def wait_open(self) -> None: ...
+    async def wait_closed(self) -> None:
+        """Until the gate closes (the server went down, hung or refuses the key)."""
+        ...
+
     async def pause(self, reason: str) -> None:
         """Close the gate for `reason` until the server is healthy again (probed by one task)."""
         ...

@@ -3,19 +3,18 @@
 A prompt becomes one `Completion`, one per turn (`--regen every-turn`), or its `Letter`. Transient
 request errors are retried up to `max_attempts`; a server that is down or refuses the API key
 closes the gate (streams/generate/gate.py) instead, spending nothing of the prompt. Any
-exception while handling one prompt becomes that prompt's dead letter, never a crash. A prompt
-no longer ours (`owned()` false: its partition revoked meanwhile) gets no dead letter from here:
-its new owner redoes it and decides (a completion is still sent: the tokenize stage keeps one),
-and its transient failures are not retried (`retry()` false): the request running when the
-partition was revoked is its last here.
+exception while handling one prompt becomes that prompt's dead letter, never a crash. Without
+the ledger, a prompt no longer ours (`owned()` false: its partition revoked meanwhile) gets no
+dead letter from here: its new owner redoes it and decides (a completion is still sent: the
+tokenize stage keeps one). With the ledger, the worker holding a prompt's claim decides its
+outcome (streams/generate/once.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 
 from streams.core.crash_guard import CRASH_LOOP
 from streams.core.normalize import validate_prompt_messages
@@ -26,6 +25,7 @@ from streams.generate import regen
 from streams.generate.client import AUTH, GenerationError
 from streams.generate.outputs import Completion, Letter, Outbox, Output
 from streams.generate.ports import Gate, ServerClient
+from streams.generate.slots import Slots
 from streams.generate.stats import GenerateStats
 
 log = logging.getLogger(__name__)
@@ -33,13 +33,6 @@ log = logging.getLogger(__name__)
 STAGE = "generate"
 
 Owned = Callable[[], bool]
-
-# a request failed after its prompt's partition was revoked: not retried here
-REVOKED = "revoked"
-
-
-def _always() -> bool:
-    return True
 
 
 class GenerateStage:
@@ -51,10 +44,12 @@ class GenerateStage:
         outbox: Outbox,
         stats: GenerateStats,
         backoff: Backoff,
+        slots: Slots,
     ):
         self.settings = settings
         self.client = client
         self.gate = gate
+        self.slots = slots
         self.outbox = outbox
         self.stats = stats
         self.backoff = backoff  # between attempts of a request that failed transiently
@@ -62,14 +57,19 @@ class GenerateStage:
     async def handle(
         self, key: bytes | None, raw: bytes, owned: Owned, poisoned: str | None = None
     ) -> None:
-        """Generate one prompt and deliver its outputs (the intake's `PromptStage`)."""
+        """Generate one prompt and deliver its outputs (the intake's `PromptStage`), in a request
+        slot: without the ledger there are no claims, and a revoked prompt's request goes on."""
 
         async def outputs() -> list[Output]:
             if poisoned is not None:  # it crashed this worker twice: its dead letter, no retry
                 return [self.dead_letter(CRASH_LOOP, poisoned, raw, _prompt_id(key))]
-            return await self.outputs(key, raw)
+            async with self.slots.held():
+                return await self.outputs(key, raw)
 
         await self.guarded(key, raw, owned, outputs)
+
+    def requesting(self, key: bytes | None, raw: bytes) -> bool:
+        return True  # no claims: a revoked prompt is redone by its new owner, this one goes on
 
     async def guarded(
         self,
@@ -96,21 +96,17 @@ class GenerateStage:
                     self.dead_letter("internal_error", message, raw, prompt_id)
                 )
 
-    async def outputs(
-        self, key: bytes | None, value: bytes, retry: Owned = _always
-    ) -> list[Output]:
-        """Every output of one prompt, for the caller to deliver: one, or one per turn. A
-        transient failure is retried only while `retry()` (the prompt still ours)."""
-        outputs = await self._outputs(key, value, retry)
+    async def outputs(self, key: bytes | None, value: bytes) -> list[Output]:
+        """Every output of one prompt, for the caller to deliver: one, or one per turn."""
+        outputs = await self._outputs(key, value)
         return [self._fitting(output, value) for output in outputs]
 
-    async def _outputs(self, key: bytes | None, value: bytes, retry: Owned) -> list[Output]:
+    async def _outputs(self, key: bytes | None, value: bytes) -> list[Output]:
         planned = regen.conversation_to_regenerate(value)
         if planned is None:
-            return [await self.process(key, value, retry)]
+            return [await self.process(key, value)]
         outputs: list[Output] = []
-        generate = functools.partial(self._generate, retry=retry)
-        for outcome in await regen.regenerate_turns(*planned, generate):
+        for outcome in await regen.regenerate_turns(*planned, self._generate):
             if isinstance(outcome, regen.TurnFailure):
                 payload, pid = outcome.payload.encode(), outcome.prompt_id
                 outputs.append(self.dead_letter(outcome.kind, outcome.message, payload, pid))
@@ -119,7 +115,7 @@ class GenerateStage:
             outputs.append(Completion(outcome.prompt_id.encode(), outcome.encode()))
         return outputs
 
-    async def process(self, key: bytes | None, value: bytes, retry: Owned = _always) -> Output:
+    async def process(self, key: bytes | None, value: bytes) -> Output:
         """One prompt's completion, or its dead letter."""
         try:
             prompt = PromptRecord.decode(value)
@@ -128,7 +124,7 @@ class GenerateStage:
         except RecordError as err:
             return self.dead_letter(err.kind, err.message, value, _prompt_id(key))
         try:
-            completion = await self._generate(prompt, retry)
+            completion = await self._generate(prompt)
         except GenerationError as err:
             return self.dead_letter(err.kind, err.message, value, prompt.prompt_id)
         self._completed(completion)
@@ -138,7 +134,7 @@ class GenerateStage:
         self.stats.completed += 1
         self.stats.output_tokens += int(completion.usage.get("completion_tokens") or 0)
 
-    async def _generate(self, prompt: PromptRecord, retry: Owned = _always) -> CompletionRecord:
+    async def _generate(self, prompt: PromptRecord) -> CompletionRecord:
         attempts = 0
         while True:
             await self.gate.wait_open()
@@ -146,13 +142,6 @@ class GenerateStage:
                 return await self.client.complete(prompt)
             except GenerationError as err:
                 self.stats.errors[err.kind] = self.stats.errors.get(err.kind, 0) + 1
-                if (err.auth or err.transient) and not retry():
-                    raise GenerationError(
-                        REVOKED,
-                        f"{err.kind}, not retried: the prompt's partition was revoked (its new "
-                        "owner decides)",
-                        transient=False,
-                    ) from None
                 if err.auth:
                     # The key, not the prompt: pause the whole worker, spend nothing of the prompt.
                     await self.gate.pause(AUTH)
@@ -173,16 +162,6 @@ class GenerateStage:
                     ) from None
                 self.stats.retries += 1
                 await self.backoff.sleep(attempts)
-
-    # no ledger, no claims: a revoked prompt is redone by its new owner (the intake's PromptStage)
-    async def claim(self, records: Iterable[tuple[bytes | None, bytes]]) -> None:
-        return None
-
-    async def claimed(self, key: bytes | None, value: bytes) -> bool:
-        return False
-
-    async def until_unclaimed(self, key: bytes, value: bytes) -> None:
-        return None
 
     def dead_letter(self, kind: str, message: str, raw: bytes, prompt_id: str | None) -> Letter:
         self.stats.dead_letters += 1
@@ -225,4 +204,4 @@ def _prompt_id(key: bytes | None) -> str | None:
     return key.decode("utf-8", "replace") if key else None
 
 
-__all__ = ["REVOKED", "STAGE", "GenerateStage", "Owned"]
+__all__ = ["STAGE", "GenerateStage", "Owned"]

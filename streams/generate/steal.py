@@ -1,20 +1,19 @@
-"""Work stealing for the end of a run: a generate worker with free slots and nothing of its own
-to put in them takes prompts from the end of another worker's backlog.
+"""Work stealing: a generate worker with free slots, a healthy server and nothing of its own to
+put in them takes prompts from other workers' backlogs.
 
-Kafka gives each partition to one member of the group, so a partition's backlog waits for its
-owner while other servers sit idle: at the end of every finite run (uneven partitions, uneven
-output lengths) and all along with a slow server. A worker that has had a free slot and no
+Kafka gives each partition to one member of the group, so a partition's backlog would wait for
+its owner while other servers sit idle: at the end of every finite run (uneven partitions,
+uneven output lengths), all along with a slow server, and while a server is down or hung (its
+worker claims nothing then: streams/generate/slots.py). A worker that has had a free slot and no
 prompt of its own for `steal_after_s` reads the group's committed offsets, picks a partition of
-another worker (at random, a larger backlog more likely), takes as many prompts as it has free
-slots (at most `steal_batch`) from that backlog's end, beyond the owner's next `steal_margin`
-prompts (by default the most an owner holds past its committed offset: its requests in flight
-and its prefetch; a thief sees an owner's committed offset, not its position), reads them with
-a group-less consumer and starts them; each slot freed later can take more. Nothing is acked
-or committed for them: the owner still consumes them in order, finds them in the ledger and
-acks them without a request. Two workers may generate the same prompt (a
-race between thieves, or the owner reaching it before the thief is done): both completions are
-keyed by the prompt_id, land on one completions partition, and the tokenize stage keeps one. So
-the duplicate costs GPU time, never correctness; taking from the end keeps it rare.
+another worker (at random, a larger backlog more likely), reads as many prompts as it has free
+slots (at most `steal_batch`) from the end of that backlog down to its committed offset, and
+starts those that are neither settled nor claimed; each slot freed later can take more. Every
+request is claimed before it starts (streams/generate/claims.py), owners' too, so a thief never
+takes a prompt that runs elsewhere, and a prompt two workers reach at once goes to the one whose
+claim the ledger orders first. Nothing is acked or committed for a stolen prompt: the owner still
+consumes it in order, finds its outcome in the ledger and acks it without a request. Taking from
+the end leaves the owner the prompts it reaches first.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from typing import Protocol
 
 from streams.core import retry
 from streams.core.retry import Outage
-from streams.core.settings import OnceSettings, generate_window
+from streams.core.settings import OnceSettings
 from streams.generate.ports import Backlogs
 
 log = logging.getLogger(__name__)
@@ -46,10 +45,11 @@ class Thief(Protocol):
     async def ready_to_steal(self) -> None: ...
     async def wait_idle(self, seconds: float) -> None: ...
     def free_slots(self) -> int: ...
-    def already_generated(self, prompt_id: str, value: bytes) -> bool: ...
-    async def start_stolen(
-        self, records: list[tuple[bytes, bytes]]
-    ) -> list[asyncio.Task[bool]]: ...
+    def spoken_for(self, prompt_id: str, value: bytes) -> bool:
+        """Settled, or claimed by another worker."""
+        ...
+
+    def start_stolen(self, records: list[tuple[bytes, bytes]]) -> list[asyncio.Task[bool]]: ...
 
 
 class Sleeper(Protocol):
@@ -85,12 +85,6 @@ class Stealer:
     def stop(self) -> None:
         """No more stealing: the worker drains (SIGTERM). What was stolen runs to its end."""
         self._stopped = True
-
-    @property
-    def margin(self) -> int:
-        # an owner's window, by this worker's: known once it started (--concurrency auto)
-        margin = self.once.steal_margin
-        return generate_window(self.thief.concurrency) if margin is None else margin
 
     @property
     def batch(self) -> int:
@@ -141,7 +135,7 @@ class Stealer:
         for partition in others:
             taken = self._taken.setdefault(partition, set())
             taken.difference_update([o for o in taken if o < committed[partition]])
-            low = committed[partition] + self.margin
+            low = committed[partition]
             end = ends[partition]
             size = end - low - sum(1 for o in taken if low <= o < end)
             if size > 0:
@@ -152,7 +146,7 @@ class Stealer:
         partition = random.choices(list(sizes), weights=list(sizes.values()))[0]
         taken = self._taken[partition]
         wanted = max(1, min(self.batch, self.thief.free_slots()))
-        low = committed[partition] + self.margin
+        low = committed[partition]
         # from the end: the prompts its owner reaches last, so the least likely to be redone
         offsets = []
         for offset in range(ends[partition] - 1, low - 1, -1):
@@ -164,10 +158,10 @@ class Stealer:
         records = await self.backlogs.read(partition, set(offsets))
         if self._stopped:  # stopped while we looked: a draining worker starts nothing new
             return None
-        fresh = [(k, v) for k, v in records if not self.thief.already_generated(k.decode(), v)]
+        fresh = [(k, v) for k, v in records if not self.thief.spoken_for(k.decode(), v)]
         if not fresh:
             return 0
-        await self.thief.start_stolen(fresh)
+        self.thief.start_stolen(fresh)
         log.info(
             "stole %d prompts from partition %d at offsets %d-%d",
             len(fresh),

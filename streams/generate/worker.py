@@ -1,9 +1,11 @@
 """A generate worker: one SGLang server kept at its concurrency limit, composed of its parts.
 
 - the gate (streams/generate/gate.py): whether requests may go to the server now;
+- the slots (streams/generate/slots.py): the requests the server is kept at;
 - the stage (streams/generate/stage.py): one prompt to its outputs, delivered; behind the ledger
-  (streams/generate/once.py) when the worker has one, so each prompt is generated once;
-- the intake (streams/generate/intake.py): slots, the in-flight window, ordered acks, revocation.
+  and its claims (streams/generate/once.py, claims.py) when the worker has one, so each prompt
+  is generated once, by one worker at a time;
+- the intake (streams/generate/intake.py): the in-flight window, ordered acks, revocation.
 
 The worker starts them (asks its server for its model, version, token ids and concurrency),
 takes prompts (`submit`), forgets revoked partitions, and is a stealer's thief
@@ -23,13 +25,14 @@ from streams.core.delivery import Send
 from streams.core.events import Event
 from streams.core.retry import Backoff, Outage, until_done
 from streams.core.serving import VLLM
-from streams.core.settings import GenerateSettings
+from streams.core.settings import GenerateSettings, generate_window
 from streams.generate.exact_ids import IdsWay
 from streams.generate.gate import ServerGate
 from streams.generate.intake import Intake
 from streams.generate.once import OnceStage
 from streams.generate.outputs import Outbox, Topics
 from streams.generate.ports import Ledger, PoisonCheck, ServerClient
+from streams.generate.slots import Slots
 from streams.generate.stage import GenerateStage
 from streams.generate.stats import GenerateStats
 
@@ -112,27 +115,28 @@ class GenerateWorker:
         # so the worker resumes soon after the server is back
         probes = Backoff(settings.backoff_initial_s, settings.health_interval_s)
         self.gate = ServerGate(client, self.stats, probes)
+        # requests in flight; with --concurrency auto, the server's cap once start() read it
+        self.slots = Slots(settings.starting_concurrency, self.gate.wait_open, self.stats)
         self.broker = Outage("broker", log)
         topics = Topics(completions_topic, dead_letters_topic, ledger_topic)
         outbox = Outbox(send, topics, settings.kafka, self.backoff, self.broker)
-        self.stage = GenerateStage(settings, client, self.gate, outbox, self.stats, self.backoff)
+        self.stage = GenerateStage(
+            settings, client, self.gate, outbox, self.stats, self.backoff, self.slots
+        )
         self.ledger = ledger
         self.once = (
-            None if ledger is None else OnceStage(self.stage, ledger, settings, client, self.stats)
+            None
+            if ledger is None
+            else OnceStage(self.stage, ledger, settings, client, self.stats, self.slots, self.gate)
         )
-        # requests in flight; with --concurrency auto, the server's cap once start() read it
-        self.intake = Intake(
-            self.once or self.stage,
-            settings.starting_concurrency,
-            self.stats,
-            self.gate.wait_open,
-            guard,
-        )
+        window = generate_window(settings.starting_concurrency)
+        self.intake = Intake(self.once or self.stage, window, self.stats, guard)
         self._starting: asyncio.Task[None] | None = None
+        self._watching: asyncio.Task[None] | None = None
 
     @property
     def concurrency(self) -> int:
-        return self.intake.concurrency
+        return self.slots.concurrency
 
     @property
     def server(self) -> Outage:
@@ -178,6 +182,10 @@ class GenerateWorker:
             self.concurrency,
         )
         self.gate.open()
+        # a server that stops answering while requests run (hung, SIGSTOP) closes the gate
+        self._watching = asyncio.create_task(
+            self.gate.watch(self.settings.health_watch_s, self.slots.busy)
+        )
         self.intake.ready.set()
 
     async def _ask(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
@@ -194,7 +202,9 @@ class GenerateWorker:
                 self.concurrency,
             )
             return
-        self.intake.resize(cap)  # nothing holds a slot yet: submit() waits for `ready`
+        # nothing holds a slot yet, nor is in the window: submit() waits for `ready`
+        self.slots.resize(cap)
+        self.intake.resize(generate_window(cap))
 
     def start_soon(self) -> None:
         """`start()` in the background, once: the agent calls it as it starts, so the server is
@@ -211,8 +221,9 @@ class GenerateWorker:
         await self.intake.ready.wait()
 
     async def stop(self) -> None:
-        if self._starting:
-            self._starting.cancel()
+        for task in (self._starting, self._watching):
+            if task:
+                task.cancel()
         self.intake.stop()
         if self.once is not None:
             self.once.stop()
@@ -228,24 +239,20 @@ class GenerateWorker:
         await self.intake.submit(event)
 
     async def revoke_partitions(self, partitions: Iterable[Any]) -> None:
-        """Revoked (or not given back): their requests in flight are claimed and go on."""
+        """Revoked (or not given back): prompts not requesting are dropped, requests go on."""
         await self.intake.revoke(partitions)
 
-    async def finish_claimed(self, seconds: float) -> None:
-        """Wait up to `seconds` for the claimed requests (their partitions revoked) to end."""
+    async def finish_requests(self, seconds: float) -> None:
+        """SIGTERM: wait up to `seconds` for the requests running here to end, then release
+        their claims (streams/generate/once.py)."""
         if self.once is not None:
-            await self.once.finish_claimed(seconds)
-
-    def assigned(self) -> None:
-        """Partitions assigned: what the ledger says of claims is read up to now first."""
-        if self.ledger is not None:
-            self.ledger.sync()
+            await self.once.finish_requests(seconds)
 
     # -- a stealer's thief (streams/generate/steal.py) ----------------------------------------
 
     @property
     def last_busy(self) -> float:
-        return self.intake.last_busy
+        return self.slots.last_busy
 
     async def ready_to_steal(self) -> None:
         await self.ready()
@@ -253,25 +260,30 @@ class GenerateWorker:
             await self.ledger.caught_up.wait()
 
     async def wait_idle(self, seconds: float) -> None:
-        await self.intake.wait_idle(seconds)
+        """Idle for `seconds` with the server healthy: a worker whose server is down takes
+        nothing of others."""
+        await self.gate.wait_open()
+        await self.slots.wait_idle(seconds)
+        await self.gate.wait_open()
 
     def free_slots(self) -> int:
-        return self.intake.free_slots()
+        return self.slots.free()
 
-    def already_generated(self, prompt_id: str, value: bytes) -> bool:
-        return self.once is not None and self.once.already_generated(prompt_id, value)
+    def spoken_for(self, prompt_id: str, value: bytes) -> bool:
+        return self.once is not None and self.once.spoken_for(prompt_id, value)
 
-    async def start_stolen(self, records: list[tuple[bytes, bytes]]) -> list[asyncio.Task[bool]]:
-        """Start generating prompts taken from another worker's backlog, each once it has a
-        slot; their tasks, each true if its prompt completed. Never acked, nor dead-lettered."""
+    def start_stolen(self, records: list[tuple[bytes, bytes]]) -> list[asyncio.Task[bool]]:
+        """Start generating prompts taken from another worker's backlog, each in a slot of its
+        own once it gets one; their tasks, each true if its prompt completed here. Never
+        acked: the owner acks them once their outcomes are in the ledger."""
         once = self.once
         if once is None:
             raise RuntimeError("stealing needs the ledger")
         jobs: list[Callable[[], Awaitable[bool]]] = [
             functools.partial(once.stolen, key, value) for key, value in records
         ]
-        return await self.intake.start_extra(jobs)
+        return self.intake.start_extra(jobs)
 
     async def run_stolen(self, records: list[tuple[bytes, bytes]]) -> int:
         """`start_stolen`, then wait for them; returns how many completed."""
-        return sum(await asyncio.gather(*await self.start_stolen(records)))
+        return sum(await asyncio.gather(*self.start_stolen(records)))

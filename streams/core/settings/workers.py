@@ -92,25 +92,34 @@ class GenerateSettings(Settings):
     max_attempts: int = setting(
         5, cli=True, help="attempts for transient errors before a dead letter", gt=0
     )
-    # a revoked prompt's claim in the ledger (streams/generate/once.py): its new owner waits for
-    # the old owner's request instead of asking its own server; the old owner renews it every
-    # third of this while the request runs, so a killed worker's claims lapse within it (about
-    # when its session times out and its own partitions move: 10 s)
+    # every request's claim in the ledger (streams/generate/claims.py): other workers wait for
+    # it instead of asking their servers; its holder renews it every third of this while the
+    # request runs, so a killed or stalled worker's claims lapse within it
     claim_s: float = setting(
         15.0,
         cli=True,
-        help="a revoked prompt's claim, renewed while its old owner finishes the request, lapses "
-        "S seconds after its last renewal (a killed worker's)",
+        help="a request's claim, renewed while its request runs, lapses S seconds after its "
+        "last renewal (a killed or stalled worker's)",
         gt=0,
     )
-    # SIGTERM: requests in flight are claimed and finished for up to this long before the
-    # worker exits (their partitions move at once; the new owners wait for the claims)
+    # SIGTERM: requests running are finished for up to this long before the worker exits
+    # (their partitions move at once; the new owners wait for the claims); a request whose
+    # server is down or hung ends at once and its prompt goes back
     drain_s: float = setting(
         1800.0,
         cli=True,
-        help="on SIGTERM, finish the requests in flight for up to S seconds (0: drop them; "
-        "their new owners redo them)",
+        help="on SIGTERM, finish the requests running for up to S seconds, then release them "
+        "to other workers (a server that is down ends them at once)",
         ge=0,
+    )
+    # while requests run, the server is probed this often: one that stops answering (hung,
+    # SIGSTOP) closes the gate, and its requests' prompts go to other servers
+    health_watch_s: float = setting(
+        5.0,
+        cli=True,
+        help="probe the server every S seconds while requests run; one that does not answer "
+        "pauses the worker and its prompts go to other servers",
+        gt=0,
     )
     backoff_initial_s: float = setting(1.0, gt=0)
     backoff_max_s: float = setting(60.0, gt=0)
@@ -165,17 +174,6 @@ class OnceSettings(Settings):
         aliases=("--steal-after",),
         help="after S seconds with a free slot and no prompt of its own, take prompts from the "
         "end of other workers' backlogs (0: never)",
-        ge=0,
-    )
-    # never steal the owner's next `steal_margin` prompts of a partition: its committed offset
-    # lags its position by up to its whole window (requests in flight, prefetched prompts),
-    # so a thief taking less far ahead takes prompts the owner holds already (a duplicate
-    # request each). None: that window, `generate_window(concurrency)` of the thief's own
-    steal_margin: int | None = setting(
-        None,
-        cli=True,
-        help="leave the next N prompts of each partition to its owner (default: a worker's "
-        "window, --concurrency plus its prefetch)",
         ge=0,
     )
     # most prompts taken per steal (never more than the free slots); 0: the worker's concurrency

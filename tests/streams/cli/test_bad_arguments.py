@@ -100,7 +100,7 @@ CASES: dict[str, Case] = {
     # accepted though wrong before
     "top-p": Case(generate("--top-p", "5"), "--top-p"),
     "steal-after": Case(generate("--steal-after", "-1"), "--steal-after"),
-    "steal-margin": Case(generate("--steal-margin", "-1"), "--steal-margin"),
+    "claim-s": Case(generate("--claim-s", "0"), "--claim-s"),
     "steal-batch": Case(generate("--steal-batch", "-1"), "--steal-batch"),
     "idle-flush-negative": Case(tokenize("--out", "o", "--idle-flush", "-1"), "--idle-flush"),
     "idle-flush-nan": Case(tokenize("--out", "o", "--idle-flush", "nan"), "--idle-flush"),

@@ -8,6 +8,8 @@ import time
 import orjson
 
 from streams.core.ledger import (
+    DEAD_LETTER,
+    DONE,
     REGENERATE,
     Claim,
     LedgerFollower,
@@ -19,6 +21,7 @@ from streams.core.ledger import (
     outcome_key,
     settings_hash,
     split_key,
+    work_key,
 )
 from streams.core.settings import KafkaSettings
 from streams.generate.once import prompt_mode
@@ -42,14 +45,19 @@ def test_keys_round_trip_even_with_separators_in_the_prompt_id() -> None:
     }
 
 
-def test_prompt_mode_reads_regen_and_regenerate() -> None:
-    plain = orjson.dumps({"prompt_id": "p", "messages": [], "meta": {"row": 1}})
-    forced = orjson.dumps({"prompt_id": "p", "messages": [], "meta": {REGENERATE: True}})
-    turns = orjson.dumps({"prompt_id": "p", "messages": [], "meta": {"regen": "every-turn"}})
-    assert prompt_mode(plain) == ("final", False)
-    assert prompt_mode(forced) == ("final", True)
-    assert prompt_mode(turns) == ("every-turn", False)
-    assert prompt_mode(b"not json")[1] is True  # never skipped: the worker dead-letters it
+def test_prompt_mode_reads_regen_and_names_each_regenerate_publish() -> None:
+    def record(meta: dict[str, object], published_at: float = 1.0) -> bytes:
+        return orjson.dumps(
+            {"prompt_id": "p", "messages": [], "meta": meta, "published_at": published_at}
+        )
+
+    assert prompt_mode(record({"row": 1})) == ("final", "")
+    assert prompt_mode(record({"regen": "every-turn"})) == ("every-turn", "")
+    regen, nonce = prompt_mode(record({REGENERATE: True}))
+    assert regen == "final" and nonce  # its own work key: the earlier outcome does not count
+    assert prompt_mode(record({REGENERATE: True}, 2.0))[1] not in ("", nonce)  # another publish
+    assert prompt_mode(record({REGENERATE: True}))[1] == nonce  # a redelivery of the same one
+    assert prompt_mode(b"not json") == ("final", "")  # the stage dead-letters it
 
 
 def test_a_follower_restricted_to_a_workers_settings_keeps_only_their_keys() -> None:
@@ -66,46 +74,98 @@ def test_a_follower_restricted_to_a_workers_settings_keeps_only_their_keys() -> 
     assert not follower.ended("c", "another-model")
 
 
-def test_a_claim_is_no_outcome_and_its_release_or_lapse_ends_it() -> None:
-    """A revoked prompt's old owner claims it while its request runs: readers of outcomes
-    (publish, audit) do not count it; a worker keeps the last claim written until released."""
+def test_a_claim_is_no_outcome_and_its_release_carries_the_outcome() -> None:
+    """Readers of outcomes (publish, audit) do not count a claim; a release says how the
+    request ended, so a reader that sees the prompt free knows its outcome, whatever partition
+    the outcome key landed on."""
     state = LedgerState()
-    key = claim_key("p", "mine")
+    work, now = ledger_key("p", "mine"), time.time()
+    key = claim_key(work)
     assert outcome_key(key) is None and outcome_key(dead_key("p", "mine")) is not None
     assert generated_prompt_ids([key, dead_key("q", "mine"), ledger_key("r", "mine")]) == {"r"}
-    claim = Claim("worker-a", until=time.time() + 30)
+    claim = Claim("a", until=now + 30, at=now)
     state.take(key.encode(), claim.encode())
-    assert state.claim("p", "mine") == claim and claim.holds()
-    assert not state.ended("p", "mine") and state.keys == set()
-    renewed = Claim("worker-a", until=claim.until + 10)
-    state.take(key.encode(), renewed.encode())
-    assert state.claim("p", "mine") == renewed
-    state.take(key.encode(), Claim("worker-a", time.time(), released=True).encode())
-    assert state.claim("p", "mine") is None
-    assert not Claim("worker-b", until=time.time() - 1).holds()  # lapsed: not renewed
+    assert state.holder(work) == claim and claim.holds()
+    assert not state.settled(work) and state.keys == set()
+    done = Claim("a", now + 1, released=True, at=now + 1, outcome=DONE)
+    state.take(key.encode(), done.encode())
+    assert state.holder(work) is None and state.settled(work) and state.contains("p", "mine")
     state.take(key.encode(), b"not a claim")  # a later version's, or damaged: ignored
-    assert state.claim("p", "mine") is None
+    assert state.holder(work) is None
+
+
+def test_one_holder_by_the_ledgers_order() -> None:
+    """Every reader applies one rule in the ledger's order, so all agree on the holder: a claim
+    wins over no holder, its holder's own renewal, or a holder lapsed when it was written; a
+    release frees the prompt only when its holder wrote it."""
+    state = LedgerState()
+    work, now = ledger_key("p", "mine"), 1_000.0
+    key = claim_key(work).encode()
+
+    def take(claim: Claim) -> bool:
+        won = claim.beats(state.holder(work))
+        state.take(key, claim.encode())
+        return won
+
+    a = Claim("a", until=now + 15, at=now)
+    assert take(a) and state.holder(work) == a
+    assert not take(Claim("b", until=now + 20, at=now + 5))  # a holds: b loses
+    assert state.holder(work) == a
+    renewal = Claim("a", until=now + 20, at=now + 5)
+    assert take(renewal) and state.holder(work) == renewal
+    state.take(key, Claim("b", now + 6, released=True, at=now + 6).encode())  # not b's to free
+    assert state.holder(work) == renewal
+    late = Claim("b", until=now + 45, at=now + 30)  # a lapsed at now + 20 (killed, stalled)
+    assert take(late) and state.holder(work) == late
+    assert not take(Claim("a", until=now + 46, at=now + 31))  # a's late renewal loses
+    state.take(key, Claim("a", now + 32, released=True, at=now + 32, outcome=DEAD_LETTER).encode())
+    assert state.holder(work) == late  # a's release does not free b's claim...
+    assert state.ended("p", "mine") and state.settled(work)  # ...but its outcome counts
+
+
+def test_a_regenerate_publish_is_settled_only_by_its_own_outcome() -> None:
+    state = LedgerState()
+    state.add("p", "mine")  # generated before
+    again = work_key("p", "mine", "n1")
+    assert state.settled(ledger_key("p", "mine")) and not state.settled(again)
+    released = Claim("a", 1.0, released=True, at=1.0, outcome=DONE)
+    state.take(claim_key(again).encode(), released.encode())
+    assert state.settled(again) and not state.settled(work_key("p", "mine", "n2"))
+
+
+def test_a_claim_read_back_resolves_its_writers_wait() -> None:
+    async def scenario() -> None:
+        state = LedgerState()
+        work = ledger_key("p", "mine")
+        mine, theirs = Claim("a", until=10.0, at=1.0), Claim("b", until=10.0, at=0.5)
+        won = state.expect(work, mine)
+        state.take(claim_key(work).encode(), theirs.encode())  # read first: b holds it
+        assert not won.done()
+        state.take(claim_key(work).encode(), mine.encode())
+        assert await asyncio.wait_for(won, 1) is False
+
+    asyncio.run(scenario())
 
 
 def test_claims_are_kept_only_for_a_workers_settings() -> None:
     state = LedgerState()
     claim = Claim("w", until=time.time() + 30).encode()
-    state.take(claim_key("a", "mine").encode(), claim)
-    state.take(claim_key("b", "another-model").encode(), claim)
+    state.take(claim_key(ledger_key("a", "mine")).encode(), claim)
+    state.take(claim_key(ledger_key("b", "another-model")).encode(), claim)
     state.restrict({"mine"})
     assert set(state.claims) == {ledger_key("a", "mine")}
-    state.take(claim_key("c", "another-model").encode(), claim)
-    assert state.claim("c", "another-model") is None
+    state.take(claim_key(work_key("c", "another-model", "n")).encode(), claim)
+    assert state.claim("c", "another-model") is None and len(state.claims) == 1
 
 
-def test_a_waiter_wakes_at_the_next_record() -> None:
+def test_a_watcher_wakes_at_the_next_record_of_its_work() -> None:
     async def scenario() -> None:
         state = LedgerState()
-        waiter = asyncio.ensure_future(state.changed())
-        await asyncio.sleep(0)
-        assert not waiter.done()
-        state.take(ledger_key("p", "mine").encode(), b"{}")
-        await asyncio.wait_for(waiter, 1)
-        assert state.contains("p", "mine")
+        work = ledger_key("p", "mine")
+        watched = state.watch(work)
+        state.take(ledger_key("q", "mine").encode(), b"{}")  # another prompt's
+        assert not watched.is_set()
+        state.take(dead_key("p", "mine").encode(), b"{}")
+        assert watched.is_set() and state.settled(work)
 
     asyncio.run(scenario())

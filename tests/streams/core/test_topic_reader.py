@@ -242,42 +242,23 @@ async def following_an_empty_ledger(broker: FakeBroker) -> tuple[str, LedgerFoll
     return topic, follower
 
 
-def test_a_ledger_barrier_returns_once_what_was_written_before_it_is_read(
+def test_a_claim_written_is_read_back_and_its_writer_learns_whether_it_won(
     broker: FakeBroker,
 ) -> None:
-    """At an assignment, a worker reads the ledger up to that moment before it trusts what it
-    says of claims: a claim written just before (by the partition's old owner) is seen."""
+    """A claimant holds a prompt only once its own claim is read back from the ledger: the
+    claims of one key are read in the order Kafka stored them, an earlier holder's first."""
 
     async def scenario() -> None:
         topic, follower = await following_an_empty_ledger(broker)
-        assert await follower.synced(0.01)  # no barrier yet
-        claim = Claim("old-owner", until=time.time() + 30)
-        broker.append(topic, 1, claim_key("p", "mine").encode(), claim.encode())
-        follower.sync()
-        assert await follower.synced(5)
-        assert follower.claim("p", "mine") == claim
-        await follower.stop()
-
-    run(scenario)
-
-
-def test_a_waiter_on_a_barrier_superseded_by_a_later_assignment_returns_with_the_later_one(
-    broker: FakeBroker,
-) -> None:
-    """A fleet starting together rebalances several times in a second: a prompt of the first
-    assignment waits on its barrier while the next assignment sets another. It returns once the
-    later barrier is read (a stronger one), not after the waiter's whole timeout."""
-
-    async def scenario() -> None:
-        topic, follower = await following_an_empty_ledger(broker)
-        broker.append(topic, 0, claim_key("p", "mine").encode(), Claim("a", time.time()).encode())
-        follower.sync()  # the first assignment
-        first = asyncio.create_task(follower.synced(30))
-        await asyncio.sleep(0)  # the waiter holds the first barrier
-        broker.append(topic, 1, claim_key("q", "mine").encode(), Claim("b", time.time()).encode())
-        follower.sync()  # the next assignment, before the first barrier was read
-        assert await asyncio.wait_for(first, 5)
-        assert follower.claim("q", "mine") is not None  # what the later barrier covers is read
+        work, now = ledger_key("p", "mine"), time.time()
+        first = Claim("a", until=now + 30, at=now)
+        second = Claim("b", until=now + 30, at=now + 1)
+        won_first, won_second = follower.expect(work, first), follower.expect(work, second)
+        broker.append(topic, 1, claim_key(work).encode(), first.encode())
+        broker.append(topic, 1, claim_key(work).encode(), second.encode())
+        assert await asyncio.wait_for(won_first, 5) is True
+        assert await asyncio.wait_for(won_second, 5) is False  # "a" held it, not lapsed
+        assert follower.holder(work) == first
         await follower.stop()
 
     run(scenario)

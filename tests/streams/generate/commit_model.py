@@ -23,9 +23,13 @@ What is modelled from faust (faust/transport/consumer.py):
 from __future__ import annotations
 
 import asyncio
+import time
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from streams.core.ledger import CLAIM, Claim
 from streams.core.records import CompletionRecord, DeadLetter, PromptRecord
 from streams.generate.client import GenerationError
 from streams.generate.worker import GenerateWorker
@@ -33,6 +37,7 @@ from tests.fakes import TP, FakeEvent, Message
 from tests.streams.generate.fakes import (
     COMPLETIONS,
     DEAD,
+    LEDGER,
     FakeClient,
     FakeKafka,
     FakeLedger,
@@ -45,7 +50,11 @@ TOPIC = "prompts"
 SUCCESS = "success"
 DEAD_LETTER = "dead_letter"  # a permanent error: the prompt's dead letter
 TRANSIENT = "transient"  # one attempt fails; retried, then `retries_exhausted`
+DOWN = "down"  # the server went down under the request (the connection refused)
 OUTCOMES = (SUCCESS, DEAD_LETTER, TRANSIENT)
+# partitions of the modelled `generated` ledger: records of one key keep their order, records of
+# different partitions reach each reader in any order
+LEDGER_PARTITIONS = 3
 
 
 def prompt_id(partition: int, offset: int) -> str:
@@ -59,14 +68,20 @@ class Request:
 
 
 class HeldClient(FakeClient):
-    """Every request waits until the test ends it with an outcome (`end`)."""
+    """Every request waits until the test ends it with an outcome (`end`); `on_request` is
+    called as each one starts."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_request: Callable[[HeldClient, str], None] | None = None) -> None:
         super().__init__()
         self.pending: list[Request] = []
+        self.on_request = on_request
 
     async def complete(self, record: PromptRecord) -> CompletionRecord:
+        if not self.up:
+            raise GenerationError("connection_error", "refused", transient=True, server_down=True)
         self.requests.append(record.prompt_id)
+        if self.on_request is not None:
+            self.on_request(self, record.prompt_id)
         request = Request(record.prompt_id, asyncio.get_running_loop().create_future())
         self.pending.append(request)
         try:
@@ -78,6 +93,8 @@ class HeldClient(FakeClient):
             raise GenerationError("context_too_long", "too long", transient=False)
         if outcome == TRANSIENT:
             raise GenerationError("http_503", "queue full", transient=True)
+        if outcome == DOWN:
+            raise GenerationError("connection_error", "refused", transient=True, server_down=True)
         return CompletionRecord.from_prompt(
             record, content=f"answer {record.prompt_id}", finish_reason="stop", usage={}
         )
@@ -109,6 +126,7 @@ class Member:
     client: HeldClient
     queue: asyncio.Queue[FakeEvent]
     agent: asyncio.Task[None]
+    ledger: FakeLedger | None = None  # its own reader of the ledger, when it lags
 
 
 class ConsumerModel:
@@ -123,16 +141,25 @@ class ConsumerModel:
         ledger: bool = True,
         members: int = 1,
         claim_s: float = 30.0,
+        lagging: bool = False,
     ) -> None:
+        """`lagging`: each member reads the ledger on its own, partition by partition, only when
+        the test says (`read_ledger`); else every member sees each record as it is sent."""
         self.records = records
         self.concurrency = concurrency
         self.claim_s = claim_s
         self.partitions = {p: Partition() for p in range(partitions)}
         self.kafka = FakeKafka()
-        # the ledger topic outlives a worker: shared by all (None: --no-ledger)
-        self.ledger = FakeLedger() if ledger else None
+        self.lagging = lagging and ledger
+        # the ledger topic outlives a worker: one reader shared by all, unless each lags on its
+        # own (None: --no-ledger)
+        self.ledger = FakeLedger() if ledger and not self.lagging else None
         if self.ledger is not None:
             self.kafka.followers.append(self.ledger)
+        # requests started while another member's request of the same prompt ran under a claim
+        # that had not lapsed, or after the prompt's outcome was released: GPU work done twice
+        self.overlaps: list[str] = []
+        self.redone: list[str] = []
         self.seeks: list[tuple[int, int]] = []
         self.guarded_commits = 0
         self.members: list[Member | None] = [None] * members
@@ -153,11 +180,15 @@ class ConsumerModel:
         return member
 
     async def start_worker(self, index: int = 0) -> None:
-        client = HeldClient()
+        client = HeldClient(self._on_request)
+        ledger = self.ledger
+        if self.lagging:
+            ledger = LaggingLedger(self)  # a new process reads the ledger up to its end first
+            ledger.read_all()
         worker = worker_for(
             client,
             self.kafka,
-            ledger=self.ledger,
+            ledger=ledger,
             concurrency=self.concurrency,
             backoff_initial_s=0.0001,
             backoff_max_s=0.0002,
@@ -167,7 +198,8 @@ class ConsumerModel:
         await worker.start()
         queue: asyncio.Queue[FakeEvent] = asyncio.Queue()
         agent = asyncio.ensure_future(self._run_agent(worker, queue))
-        self.members[index] = Member(worker, client, queue, agent)
+        lagging = ledger if isinstance(ledger, LaggingLedger) else None
+        self.members[index] = Member(worker, client, queue, agent, lagging)
 
     async def start_all(self) -> None:
         for index in range(len(self.members)):
@@ -232,10 +264,112 @@ class ConsumerModel:
                 part.faust_committed = None
         await self.start_worker(index)
 
+    # -- the ledger, and what it says of claims --------------------------------------------
+
+    def ledger_log(self, partition: int) -> list[tuple[bytes, bytes]]:
+        """The records of one partition of the ledger topic, in their order."""
+        return [
+            (key, value)
+            for topic, key, value in self.kafka.sent
+            if topic == LEDGER and ledger_partition(key) == partition
+        ]
+
+    def read_ledger(self, member: int, partition: int, count: int = 1_000) -> None:
+        """The member's reader reads up to `count` more records of a ledger partition."""
+        found = self.members[member]
+        if found is not None and found.ledger is not None:
+            found.ledger.read(partition, count)
+
+    def steal(self, member: int, partition: int, offset: int) -> bool:
+        """The member takes a prompt of any partition from the backlog (a thief)."""
+        found = self.members[member]
+        if found is None or offset >= self.records:
+            return False
+        pid = prompt_id(partition, offset)
+        found.worker.start_stolen([(pid.encode(), prompt(pid))])
+        return True
+
+    def server_down(self, member: int) -> None:
+        """The member's server dies: its requests fail, and it refuses new ones."""
+        client = self.member(member).client
+        client.up = False
+        while client.pending:
+            client.end(0, DOWN)
+
+    def server_up(self, member: int) -> None:
+        self.member(member).client.up = True
+
+    def _on_request(self, client: HeldClient, pid: str) -> None:
+        """A request starts: no other member's request of the prompt may be running under a
+        claim that holds (the protocol's invariant: streams/generate/claims.py)."""
+        now = time.time()  # the claims' clock (virtual in the property test)
+        requester = next(m.worker for m in self.members if m is not None and m.client is client)
+        if self.known_done(requester, pid):
+            self.redone.append(f"{pid}: requested after its outcome and its claim's release")
+        for member in self.members:
+            if member is None or member.client is client:
+                continue
+            if not any(r.prompt_id == pid for r in member.client.pending):
+                continue
+            until = self.claimed_until(member.worker, pid)
+            if until > now:
+                self.overlaps.append(f"{pid}: requested while running elsewhere until {until}")
+
+    def known_done(self, worker: GenerateWorker, pid: str) -> bool:
+        """Whether the prompt's outcome was written, and its holder's claim released after it,
+        before the worker's last claim of it, which the worker read back before requesting:
+        then it could have known (unless a claim had lapsed on the way). From every record in
+        the order sent, whatever the readers read."""
+        assert worker.once is not None
+        me = worker.once.worker_id
+        holder: Claim | None = None
+        marker: str | None = None  # the holder when the outcome was written
+        released = lapsed = known = False
+        for topic, key, value in self.kafka.sent:
+            text = key.decode()
+            if topic != LEDGER or not text.startswith(f"{pid}@"):
+                continue
+            if not text.endswith(CLAIM):
+                marker = holder.worker if holder is not None else None
+                continue
+            claim = Claim.decode(value)
+            if claim is None:
+                continue
+            if claim.released:
+                if holder is not None and holder.worker == claim.worker:
+                    holder = None
+                    released = released or claim.worker == marker
+            elif holder is None or holder.worker == claim.worker or holder.until <= claim.at:
+                lapsed = lapsed or (holder is not None and holder.worker != claim.worker)
+                holder = claim
+                if claim.worker == me:
+                    known = released and not lapsed
+        return known
+
+    def claimed_until(self, worker: GenerateWorker, pid: str) -> float:
+        """Until when the worker's claim of the prompt holds, by the protocol's rule applied to
+        every record written (0: it holds none). The rule is written out here, not taken from
+        `Claim.beats`: the oracle must not change with the code it checks."""
+        assert worker.once is not None
+        me = worker.once.worker_id
+        holder: Claim | None = None
+        for key, value in self.ledger_log(ledger_partition_of(pid, worker)):
+            text = key.decode()
+            if not (text.startswith(f"{pid}@") and text.endswith(CLAIM)):
+                continue
+            claim = Claim.decode(value)
+            if claim is None:
+                continue
+            if claim.released:
+                if holder is not None and holder.worker == claim.worker:
+                    holder = None
+            elif holder is None or holder.worker == claim.worker or holder.until <= claim.at:
+                holder = claim
+        return holder.until if holder is not None and holder.worker == me else 0.0
+
     # -- the group ----------------------------------------------------------------------------
 
     def assign(self, partitions: list[int], member: int = 0) -> None:
-        self.member(member).worker.assigned()
         for p in partitions:
             if p not in self.partitions:
                 continue
@@ -334,6 +468,37 @@ class ConsumerModel:
             for offset in range(part.committed)
             if prompt_id(p, offset) not in ended
         ]
+
+
+def ledger_partition(key: bytes) -> int:
+    return zlib.crc32(key) % LEDGER_PARTITIONS
+
+
+def ledger_partition_of(pid: str, worker: GenerateWorker) -> int:
+    assert worker.once is not None
+    work = worker.once.work_of(pid.encode(), prompt(pid))
+    return ledger_partition(f"{work.key}{CLAIM}".encode())
+
+
+class LaggingLedger(FakeLedger):
+    """One member's reader of the ledger topic: it reads a partition only when told, so what
+    it knows lags the topic, and its partitions reach it in any order."""
+
+    def __init__(self, model: ConsumerModel) -> None:
+        super().__init__()
+        self.model = model
+        self.positions = dict.fromkeys(range(LEDGER_PARTITIONS), 0)
+
+    def read(self, partition: int, count: int) -> None:
+        log = self.model.ledger_log(partition)
+        start = self.positions[partition]
+        for key, value in log[start : start + count]:
+            self.take(key, value)
+        self.positions[partition] = min(len(log), start + count)
+
+    def read_all(self) -> None:
+        for partition in self.positions:
+            self.read(partition, 1_000_000)
 
 
 def _new_offset(part: Partition) -> int | None:

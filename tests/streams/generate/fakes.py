@@ -15,7 +15,7 @@ from aiokafka.errors import MessageSizeTooLargeError
 from faust.exceptions import ProducerSendError
 
 from streams.core.families import GENERIC
-from streams.core.ledger import LedgerState
+from streams.core.ledger import LedgerState, outcome_key
 from streams.core.records import CompletionRecord, DeadLetter, PromptRecord
 from streams.core.serving import NEWEST, ServerNormalization
 from streams.core.settings import GenerateSettings, KafkaSettings
@@ -177,6 +177,10 @@ class FakeKafka:
     def sent_to(self, topic: str) -> list[str]:
         return [key.decode() for t, key, _ in self.sent if t == topic]
 
+    def outcomes(self) -> list[str]:
+        """The ledger's outcome keys sent, in order (its claims left out)."""
+        return [key for key in self.sent_to(LEDGER) if outcome_key(key)]
+
     def letters(self) -> list[DeadLetter]:
         return [DeadLetter.decode(value) for t, _, value in self.sent if t == DEAD]
 
@@ -194,7 +198,6 @@ class FakeLedger(LedgerState):
         self.caught_up.set()
         self.kept: frozenset[str] | None = None
         self.stopped = False
-        self.syncs = 0
 
     async def start(self) -> None:
         pass
@@ -205,12 +208,6 @@ class FakeLedger(LedgerState):
     def restrict(self, settings: Iterable[str]) -> None:
         self.kept = frozenset(settings)
         super().restrict(settings)
-
-    def sync(self) -> None:
-        self.syncs += 1
-
-    async def synced(self, timeout: float) -> bool:
-        return True  # a FakeKafka's followers take each record as it is sent
 
 
 class FakeBacklogs:
@@ -273,6 +270,7 @@ async def once_worker(
     """A started worker with a ledger."""
     overrides: dict[str, Any] = {} if concurrency is None else {"concurrency": concurrency}
     ledger = FakeLedger()
+    kafka.followers.append(ledger)  # it reads what the worker writes: its claims come back
     worker = worker_for(client, kafka, ledger=ledger, limit=limit, **overrides)
     await worker.start()
     return worker, ledger

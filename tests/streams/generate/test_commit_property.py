@@ -40,7 +40,12 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from tests.streams.generate.commit_model import OUTCOMES, ConsumerModel, settle
+from tests.streams.generate.commit_model import (
+    LEDGER_PARTITIONS,
+    OUTCOMES,
+    ConsumerModel,
+    settle,
+)
 
 PARTITIONS = 2
 RECORDS = 6
@@ -89,13 +94,17 @@ class CommitMachine(RuleBasedStateMachine):
         self.loop = VirtualTimeLoop()
         self.clocks = [
             mock.patch(f"{module}.time", self.loop.wall_clock())
-            for module in ("streams.core.ledger", "streams.generate.once")
+            for module in (
+                "streams.core.ledger",
+                "streams.generate.claims",
+                "tests.streams.generate.commit_model",
+            )
         ]
         for clock in self.clocks:
             clock.start()
         try:
             self.model = ConsumerModel(
-                PARTITIONS, RECORDS, CONCURRENCY, members=MEMBERS, claim_s=CLAIM_S
+                PARTITIONS, RECORDS, CONCURRENCY, members=MEMBERS, claim_s=CLAIM_S, lagging=True
             )
             self._run(self.model.start_all())
         except BaseException:  # no teardown for a machine not built: the clocks back now
@@ -175,6 +184,44 @@ class CommitMachine(RuleBasedStateMachine):
         self.loop.now += CLAIM_S * 1.5
         self._run(None)
 
+    @rule(
+        member=st.integers(0, MEMBERS - 1),
+        partition=st.integers(0, LEDGER_PARTITIONS - 1),
+        count=st.integers(1, 4),
+    )
+    def read_ledger(self, member: int, partition: int, count: int) -> None:
+        """One member's reader gets further in one partition of the ledger: readers lag, and
+        a prompt's claim and outcome keys reach each reader in any order."""
+        self.model.read_ledger(member, partition, count)
+        self._run(None)
+
+    @rule()
+    def read_whole_ledger(self) -> None:
+        for member in range(MEMBERS):
+            for partition in range(LEDGER_PARTITIONS):
+                self.model.read_ledger(member, partition)
+        self._run(None)
+
+    @rule(
+        member=st.integers(0, MEMBERS - 1),
+        partition=st.integers(0, PARTITIONS - 1),
+        offset=st.integers(0, RECORDS - 1),
+    )
+    def steal(self, member: int, partition: int, offset: int) -> None:
+        """A member takes a prompt from a backlog, whoever owns it (and whatever runs it)."""
+        self.model.steal(member, partition, offset)
+        self._run(None)
+
+    @rule(member=st.integers(0, MEMBERS - 1))
+    def server_down(self, member: int) -> None:
+        self.model.server_down(member)
+        self._run(None)
+
+    @rule(member=st.integers(0, MEMBERS - 1))
+    def server_up(self, member: int) -> None:
+        self.model.server_up(member)
+        self._run(None)
+
     @rule()
     def commit(self) -> None:
         self.model.commit()
@@ -187,6 +234,14 @@ class CommitMachine(RuleBasedStateMachine):
     def nothing_committed_without_an_outcome(self) -> None:
         missing = self.model.committed_without_outcome()
         assert not missing, f"committed past prompts without an outcome: {missing}"
+
+    @invariant()
+    def no_prompt_runs_twice(self) -> None:
+        """No prompt is requested while another live request of it runs, except after a kill
+        (the killed member's requests end with it here) or a lapsed claim; nor after a claim of
+        it was released with its outcome."""
+        assert not self.model.overlaps, f"GPU work done twice: {self.model.overlaps}"
+        assert not self.model.redone, f"GPU work redone: {self.model.redone}"
 
     def teardown(self) -> None:
         try:

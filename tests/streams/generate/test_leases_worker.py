@@ -22,6 +22,7 @@ import itertools
 
 import pytest
 
+from streams.core.settings import generate_window
 from tests.streams.generate.commit_model import (
     DEAD_LETTER,
     SUCCESS,
@@ -113,19 +114,20 @@ def test_an_event_held_across_a_rebalance_is_not_acked_after_it() -> None:
     """The property test's counterexample against the code before leases."""
 
     async def scenario() -> None:
-        model = ConsumerModel(partitions=1, records=6, concurrency=2)
+        model = ConsumerModel(partitions=1, records=8, concurrency=2)
         await model.start_worker()
         model.assign([0])
-        for _ in range(3):  # two slots: offset 2 waits in the agent for one
+        room = generate_window(2)
+        for _ in range(room + 1):  # the window is full: offset `room` waits in the agent
             model.deliver(0)
         await settle()
-        await model.revoke()
-        model.client.end(0, SUCCESS)  # offset 0's request: a slot frees; offset 2 is stale
+        await model.revoke()  # the prompts not requesting leave the window: room for it...
         await settle()
-        model.client.end(0, DEAD_LETTER)  # offset 1: not ours, so no dead letter from here
+        model.client.end(0, SUCCESS)  # offset 0's request
+        model.client.end(0, DEAD_LETTER)  # offset 1's: its claim's holder decides
         await settle()
-        assert model.client.requests == ["p0-0", "p0-1"]  # the stale offset 2 never ran
-        assert model.worker.stats.refused == 1
+        assert model.client.requests == ["p0-0", "p0-1"]  # the stale offset never ran
+        assert model.worker.stats.refused == 1  # ...which its lease refuses
         assert model.partitions[0].acked == []  # before leases: [2], committed below
         model.assign([0])
         await settle()
@@ -247,11 +249,11 @@ def test_the_new_owner_waits_for_the_old_owners_request_and_skips_it() -> None:
 
 
 @pytest.mark.parametrize("old_copy", [DEAD_LETTER, TRANSIENT])
-def test_an_old_owners_request_that_fails_releases_its_claim_and_the_new_owner_decides(
+def test_an_old_owners_request_that_fails_ends_under_its_claim_and_the_holder_decides(
     old_copy: str,
 ) -> None:
-    """Its dead letter is not the old owner's to send, nor a transient failure its to retry
-    (the partition is revoked): the claim is released and the new owner asks its server."""
+    """The old owner holds the claim, so it decides: it dead-letters a permanent failure and
+    retries a transient one; the new owner never asks its server, and acks the outcome."""
 
     async def scenario() -> None:
         model = ConsumerModel(partitions=1, records=1, concurrency=4, members=2)
@@ -260,12 +262,14 @@ def test_an_old_owners_request_that_fails_releases_its_claim_and_the_new_owner_d
         assert new.client.requests == []
         model.client.end(0, old_copy)
         await settle()
-        assert model.client.requests == ["p0-0"]  # not retried
-        assert new.client.requests == ["p0-0"]  # the claim released: asked now
-        new.client.end(0, DEAD_LETTER)
-        await settle()
-        assert model.completions() == [] and model.letters() == ["p0-0"]  # one outcome
-        assert model.kafka.acked() == [0]
+        if old_copy == TRANSIENT:
+            assert model.client.requests == ["p0-0", "p0-0"]  # retried by the holder
+            model.client.end(0, SUCCESS)
+            await settle()
+        assert new.client.requests == []
+        outcomes = (model.completions(), model.letters())
+        assert outcomes == (([], ["p0-0"]) if old_copy == DEAD_LETTER else (["p0-0"], []))
+        assert model.kafka.acked() == [0] and new.worker.stats.skipped == 1
         await model.close()
 
     run(scenario)
@@ -356,7 +360,7 @@ def test_a_worker_given_its_own_claimed_prompt_back_waits_for_its_request() -> N
     run(scenario)
 
 
-def test_a_sigterm_drain_waits_for_the_claimed_requests_then_returns() -> None:
+def test_a_sigterm_drain_waits_for_the_requests_then_releases_what_still_runs() -> None:
     async def scenario() -> None:
         model = ConsumerModel(partitions=1, records=2, concurrency=4)
         await model.start_worker()
@@ -365,15 +369,15 @@ def test_a_sigterm_drain_waits_for_the_claimed_requests_then_returns() -> None:
         model.deliver(0)
         await settle()
         await model.revoke()  # what `drain` does before it leaves the group
-        finishing = asyncio.ensure_future(model.worker.finish_claimed(5))
+        finishing = asyncio.ensure_future(model.worker.finish_requests(5))
         await settle()
         assert not finishing.done()
         model.client.end(0, SUCCESS)
         await settle()
         assert not finishing.done()  # one still runs
-        model.client.end(0, DEAD_LETTER)  # not ours to dead-letter: released for the new owner
+        model.client.end(0, DEAD_LETTER)  # its claim's holder decides: a dead letter
         await asyncio.wait_for(finishing, 5)
-        assert model.completions() == ["p0-0"] and model.letters() == []
+        assert model.completions() == ["p0-0"] and model.letters() == ["p0-1"]
         assert model.ledger is not None and model.ledger.claims == {}
         cut = ConsumerModel(partitions=1, records=1, concurrency=4)
         await cut.start_worker()
@@ -381,8 +385,9 @@ def test_a_sigterm_drain_waits_for_the_claimed_requests_then_returns() -> None:
         cut.deliver(0)
         await settle()
         await cut.revoke()
-        await cut.worker.finish_claimed(0.01)  # the drain's bound: returns with it running
-        assert cut.client.pending and cut.ledger is not None and cut.ledger.claims
+        await cut.worker.finish_requests(0.01)  # the drain's bound: returns with it running
+        # ...and releases its claim, so another worker takes the prompt now, not at the lapse
+        assert cut.client.pending and cut.ledger is not None and cut.ledger.claims == {}
         await cut.close()
         await model.close()
 

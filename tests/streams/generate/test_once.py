@@ -36,7 +36,7 @@ def test_the_ledger_skips_generated_prompts_and_copies_of_one_in_flight() -> Non
         await worker.submit(kafka.event(2, "b"))  # published again while in flight here
         await worker.submit(kafka.event(3, "c"))
 
-        await until(lambda: kafka.sent_to(LEDGER) == ["c@" + settings_key(worker)], "c")
+        await until(lambda: kafka.outcomes() == ["c@" + settings_key(worker)], "c")
         assert kafka.acked() == [0]
         client.gates["b"].set()
         await until(lambda: kafka.acked() == [0, 1, 2, 3], "every offset acked in order")
@@ -65,7 +65,7 @@ def test_a_dead_lettered_prompt_redelivered_after_a_crash_gets_no_second_dead_le
         await worker.submit(kafka.event(0, "bad"))
         await until(lambda: kafka.acked() == [0], "the dead letter acked")
         key = settings_key(worker)
-        assert kafka.sent_to(LEDGER) == [dead_key("bad", key)]
+        assert kafka.outcomes() == [dead_key("bad", key)]
         assert kafka.position(("sent", (DEAD, "bad"))) < kafka.position(
             ("sent", (LEDGER, dead_key("bad", key)))
         )
@@ -94,7 +94,7 @@ def test_a_dead_letter_is_dropped_when_a_completion_was_recorded_meanwhile() -> 
         ledger.add("raced", settings_key(worker))  # its former owner completed it
         client.gates["raced"].set()
         await until(lambda: kafka.acked() == [0], "acked")
-        assert kafka.letters() == [] and kafka.sent_to(LEDGER) == []
+        assert kafka.letters() == [] and kafka.outcomes() == []
         await worker.stop()
 
     run(scenario)

@@ -1,6 +1,6 @@
-"""Stealing at the end of a run (streams/generate/steal.py): stolen prompts are generated and
-recorded but never acked nor dead-lettered; a worker is idle once it has a free slot and nothing
-of its own; the stealer's loop and what a thief takes, against fake backlogs."""
+"""Stealing (streams/generate/steal.py): stolen prompts are claimed, generated and recorded but
+never acked; a worker is idle once it has a free slot and nothing of its own; the stealer's loop
+and what a thief takes, against fake backlogs."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from tests.streams.generate.fakes import (
 )
 
 
-def test_stolen_prompts_are_generated_and_recorded_but_never_acked_or_dead_lettered() -> None:
+def test_stolen_prompts_are_claimed_generated_and_recorded_but_never_acked() -> None:
     async def scenario() -> None:
         client, kafka = FakeClient(), FakeKafka()
         worker, _ = await once_worker(client, kafka)
@@ -38,10 +38,12 @@ def test_stolen_prompts_are_generated_and_recorded_but_never_acked_or_dead_lette
         assert await worker.run_stolen(records) == 2
         assert sorted(kafka.sent_to(COMPLETIONS)) == ["s1", "s2"]
         marks = kafka.sent_to(LEDGER)
-        assert len([key for key in marks if outcome_key(key)]) == 2
+        assert len(kafka.outcomes()) == 3
         # each of the three claimed before its request, released after
         assert len([key for key in marks if not outcome_key(key)]) == 3 * 2
-        assert kafka.letters() == [] and kafka.acked() == []  # the owner decides about "bad"
+        # the claim's holder decides the outcome: the thief dead-letters what fails for good
+        assert [letter.prompt_id for letter in kafka.letters()] == ["bad"]
+        assert kafka.acked() == []
         assert worker.stats.stolen == 2 and worker.stats.in_flight == 0
         assert generate_figures(worker.stats).counters["stolen"] == 2
         await worker.stop()
@@ -58,7 +60,7 @@ def test_an_idle_wait_ends_once_a_slot_is_free_not_after_all_the_work_in_flight(
         await worker.submit(kafka.event(0, "p0"))
         await worker.submit(kafka.event(1, "p1"))
         await until(lambda: sorted(client.requests) == ["p0", "p1"], "both requests running")
-        worker.intake.last_busy = time.monotonic() - 60  # idle long enough, but for the slots
+        worker.slots.last_busy = time.monotonic() - 60  # idle long enough, but for the slots
 
         # no timer runs out during the test: only a slot freed can end it
         waiting = asyncio.create_task(worker.wait_idle(30.0))
@@ -68,7 +70,7 @@ def test_an_idle_wait_ends_once_a_slot_is_free_not_after_all_the_work_in_flight(
         client.gates["p0"].set()
         await until(waiting.done, "the idle wait over once one slot is free")
         assert worker.free_slots() == 1 and worker.stats.in_flight == 1  # p1 still runs
-        assert worker.intake.idle_for() >= 30.0
+        assert worker.slots.idle_for() >= 30.0
         client.gates["p1"].set()
         await until(lambda: kafka.acked() == [0, 1], "both acked")
         await worker.stop()
@@ -81,9 +83,9 @@ def test_an_idle_wait_lasts_until_the_worker_was_idle_that_long(busy_for: float)
     async def scenario() -> None:
         client, kafka = FakeClient(), FakeKafka()
         worker, _ = await once_worker(client, kafka)
-        worker.intake.last_busy = time.monotonic() - busy_for
+        worker.slots.last_busy = time.monotonic() - busy_for
         await worker.wait_idle(0.05)
-        assert worker.intake.idle_for() >= 0.05
+        assert worker.slots.idle_for() >= 0.05
         await worker.stop()
 
     run(scenario)
@@ -95,7 +97,8 @@ def test_the_stealer_waits_for_idleness_and_backs_off_only_when_nothing_was_take
         worker, _ = await once_worker(client, kafka, concurrency=1)
         client.gates["p0"] = asyncio.Event()
         await worker.submit(kafka.event(0, "p0"))
-        worker.intake.last_busy = time.monotonic() - 60  # idle long enough, but for its one slot
+        await until(lambda: client.requests == ["p0"], "its own prompt in its one slot")
+        worker.slots.last_busy = time.monotonic() - 60  # idle long enough, but for its one slot
 
         # None: no chunk to take; 0: a chunk taken but all generated already (here: gone);
         # 1: a prompt started; error: a failure
@@ -121,7 +124,7 @@ def test_the_stealer_waits_for_idleness_and_backs_off_only_when_nothing_was_take
                 await asyncio.sleep(0)
 
         backlogs = ScriptedBacklogs({}, {1: 100})
-        once = OnceSettings(steal_after_s=1.0, steal_margin=0)
+        once = OnceSettings(steal_after_s=1.0)
         stealer = Stealer(worker, backlogs, once, lambda: {0}, CountingBackoff())
         running = asyncio.create_task(stealer.run())
         for _ in range(20):
@@ -146,19 +149,17 @@ def test_a_thief_takes_from_the_end_of_a_backlog_no_more_than_its_free_slots() -
         client, kafka = FakeClient(), FakeKafka()
         worker, ledger = await once_worker(client, kafka, concurrency=3)
         client.gates["own"] = asyncio.Event()
-        await worker.submit(kafka.event(0, "own"))  # one slot busy: two free
-        # partition 2: nothing beyond the owner's margin of 8
-        backlogs = FakeBacklogs({0: 0, 1: 10, 2: 5}, {0: 50, 1: 30, 2: 13})
-        default = Stealer(worker, backlogs, OnceSettings(), lambda: {0})
-        assert default.margin == 3 + 4  # by default an owner's window: in flight + prefetch
-        stealer = Stealer(worker, backlogs, OnceSettings(steal_margin=8), lambda: {0})
-        assert stealer.margin == 8
+        await worker.submit(kafka.event(0, "own"))
+        await until(lambda: client.requests == ["own"], "one slot busy: two free")
+        # partition 2: nothing past its committed offset
+        backlogs = FakeBacklogs({0: 0, 1: 10, 2: 13}, {0: 50, 1: 30, 2: 13})
+        stealer = Stealer(worker, backlogs, OnceSettings(), lambda: {0})
         for pid in ("p1-29", "p1-28", "p1-27"):
             client.gates[pid] = asyncio.Event()
 
         assert await stealer.steal_once() == 2
         assert backlogs.reads == [(1, {29, 28})]  # the end of p1's backlog, as many as free slots
-        assert worker.free_slots() == 0
+        await until(lambda: worker.free_slots() == 0, "the stolen prompts in the free slots")
         ledger.add("p1-27", settings_key(worker))  # generated meanwhile elsewhere
         client.gates["p1-29"].set()
         await until(lambda: worker.free_slots() == 1, "a slot freed")
@@ -170,7 +171,7 @@ def test_a_thief_takes_from_the_end_of_a_backlog_no_more_than_its_free_slots() -
         await until(lambda: worker.stats.stolen == 3 and worker.stats.in_flight == 0, "done")
         assert sorted(kafka.sent_to(COMPLETIONS)) == ["own", "p1-26", "p1-28", "p1-29"]
         assert kafka.acked() == [0]  # stolen prompts are never acked by the thief
-        backlogs.committed_offsets[1] = 25  # the owner caught up: 25 + 8 is past the end
+        backlogs.committed_offsets[1] = 30  # the owner caught up
         assert await stealer.steal_once() is None
         await worker.stop()
 
@@ -179,7 +180,8 @@ def test_a_thief_takes_from_the_end_of_a_backlog_no_more_than_its_free_slots() -
 
 def test_a_draining_worker_steals_no_more_and_finishes_what_it_stole() -> None:
     """SIGTERM: the stealer stops, also in the middle of a look (a prompt read then is not
-    started), and the drain waits for a stolen request claimed after it began."""
+    started); the drain waits for the stolen request running, and a stolen prompt not yet
+    requesting when the drain began is left to its owner."""
 
     async def scenario() -> None:
         client, kafka = FakeClient(), FakeKafka()
@@ -197,13 +199,11 @@ def test_a_draining_worker_steals_no_more_and_finishes_what_it_stole() -> None:
                 return await super().read(partition, offsets)
 
         backlogs = SlowBacklogs({0: 0, 1: 0}, {1: 30})
-        stealer = Stealer(
-            worker, backlogs, OnceSettings(steal_margin=0, steal_batch=1), lambda: {0}
-        )
+        stealer = Stealer(worker, backlogs, OnceSettings(steal_batch=1), lambda: {0})
         client.gates["p1-29"] = asyncio.Event()
         assert await stealer.steal_once() == 1  # stolen, its request running
         await until(lambda: client.requests == ["p1-29"], "the stolen request running")
-        draining = asyncio.create_task(worker.finish_claimed(30))
+        draining = asyncio.create_task(worker.finish_requests(30))
         backlogs.hold = True
         look = asyncio.create_task(stealer.steal_once())
         await looking.wait()
@@ -211,18 +211,16 @@ def test_a_draining_worker_steals_no_more_and_finishes_what_it_stole() -> None:
         resume.set()
         assert await look is None
         assert await stealer.steal_once() is None and len(backlogs.reads) == 2
-        # a steal already past its last look when the drain began: claimed after it began
-        client.gates["late"] = asyncio.Event()
-        await worker.start_stolen([(b"late", prompt("late"))])
-        await until(lambda: "late" in client.requests, "the late stolen request running")
-        client.gates["p1-29"].set()
+        # a steal already past its last look when the drain began: not requested
+        [late] = worker.start_stolen([(b"late", prompt("late"))])
+        assert await late is False
         for _ in range(20):
             await asyncio.sleep(0)
-        assert not draining.done()  # "late" still runs
-        client.gates["late"].set()
+        assert not draining.done()  # p1-29 still runs
+        client.gates["p1-29"].set()
         await asyncio.wait_for(draining, 5)
-        assert client.requests == ["p1-29", "late"]  # nothing read after the stop was started
-        assert sorted(kafka.sent_to(COMPLETIONS)) == ["late", "p1-29"]
+        assert client.requests == ["p1-29"]  # nothing requested after the drain began
+        assert kafka.sent_to(COMPLETIONS) == ["p1-29"]
         await worker.stop()
 
     run(scenario)
@@ -253,7 +251,7 @@ def test_looks_failing_through_a_broker_outage_are_one_line_and_one_when_they_wo
         stealer = Stealer(
             worker, backlogs, OnceSettings(steal_after_s=0.001), lambda: {0}, NoPause()
         )
-        worker.intake.last_busy = time.monotonic() - 60
+        worker.slots.last_busy = time.monotonic() - 60
         with caplog.at_level("WARNING", logger="streams.generate.steal"):
             running = asyncio.create_task(stealer.run())
             await until(lambda: backlogs.looks > failures + 1, "a look after they work again")

@@ -55,7 +55,8 @@ def audited(prompts: list[Rec], committed: dict[int, int] | None = None, **kw: i
     check.dead_letter(b"not a letter")
     check.ledger_mark(ledger_key("marked", SETTINGS).encode())
     check.ledger_mark(dead_key("marked-dead", SETTINGS).encode())
-    check.ledger_mark(claim_key("claimed", SETTINGS).encode())  # a request running: no outcome
+    # a request running: no outcome
+    check.ledger_mark(claim_key(ledger_key("claimed", SETTINGS)).encode())
     check.ledger_mark(None)
     # --regen every-turn: turns are completed and dead-lettered under their own ids
     check.completion(*astuple(completion(turn_prompt_id("conv", 0, 2))))

@@ -1,0 +1,204 @@
+"""Who requests a prompt: the generate stage's work-distribution rules, in one place.
+
+The invariant, enforced here:
+
+    a prompt is requested only by the worker holding its claim, and one worker holds it at a
+    time; so no prompt runs on two servers at once, except after its holder was killed -9 or
+    stalled past its claim (the claim lapsed), and then the late one's request ends as soon as
+    it reads the ledger again.
+
+The rules (the ledger's side is `Claim` and `LedgerState.take` in streams/core/ledger.py):
+1. Every request is claimed by its requester before it starts: the partition's owner, a thief
+   (streams/generate/steal.py) and a revoked partition's old owner alike, and `--regenerate`
+   prompts too (under their publish's own work key).
+2. One holder. A prompt's claims share one key of the `generated` ledger, so Kafka orders them
+   and every reader applies the same rule in that order. A claimant writes its claim, then
+   reads the ledger back to it (`take`): it holds the prompt only if its own record won and
+   has not lapsed since it was written (its expiry is counted from before the write, so a
+   write that waited out a broker outage is not trusted).
+3. A claim is renewed (every third of `claim_s`, by the same rule) only while its request can
+   run: the caller ends the request when the server's gate closes, releasing the claim at once,
+   and a renewal that loses (the claim had lapsed and another worker took the prompt) or an
+   outcome read from elsewhere ends it too (`Ticket.lost`).
+4. A release carries the outcome, written to the ledger before it: a reader that sees the
+   prompt free knows how it ended, whatever partition its outcome key landed on.
+
+Stealing then needs no margin: any prompt that is not settled and not held may be taken by a
+worker with a free slot, and a prompt held by another worker is waited for without a slot.
+Behind `WorkQueue` (streams/generate/ports.py), so another queue (a serving engine's own) can
+replace the ledger's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from streams.core.ledger import Claim, claim_key, work_key
+from streams.generate.outputs import LedgerMark, Outbox
+from streams.generate.ports import Ledger
+from streams.generate.stats import GenerateStats
+
+log = logging.getLogger(__name__)
+
+# seconds a claimant waits to read its own claim back before it gives the prompt up for now
+# (a broker outage, a ledger reader far behind): its claim, if it won, lapses unrenewed
+ECHO_S = 30.0
+
+
+@dataclass(frozen=True)
+class Work:
+    """A prompt to request under some generation settings (`nonce`: a --regenerate publish)."""
+
+    prompt_id: str
+    settings: str
+    nonce: str = ""
+
+    @property
+    def key(self) -> str:
+        return work_key(self.prompt_id, self.settings, self.nonce)
+
+
+class Ticket:
+    """A claim this worker holds: renewed until released; `lost` is set when the ledger says it
+    is no longer ours (another worker took it after it lapsed) or the work got its outcome
+    elsewhere: the request must end."""
+
+    def __init__(self, claims: LedgerClaims, work: Work, claim: Claim):
+        self.claims = claims
+        self.work = work
+        self.until = claim.until
+        self.lost = asyncio.Event()
+        self._renewing = asyncio.create_task(self._renew())
+        self._watching = asyncio.create_task(self._watch())
+
+    async def _renew(self) -> None:
+        every = self.claims.claim_s / 3
+        while True:
+            await asyncio.sleep(every)
+            claim, won = await self.claims.write(self.work)
+            if won is None:
+                continue  # not read back in time: still ours as far as anyone showed
+            if not won:
+                log.warning(
+                    "the claim of %s lapsed and another worker took it: its request here ends",
+                    self.work.prompt_id,
+                )
+                self.lost.set()
+                return
+            self.until = claim.until
+
+    async def _watch(self) -> None:
+        ledger, key = self.claims.ledger, self.work.key
+        while True:
+            await ledger.watch(key).wait()
+            holder = ledger.holder(key)
+            theirs = holder is not None and holder.worker != self.claims.worker
+            if theirs or ledger.settled(key):
+                self.lost.set()
+                return
+
+    async def release(self, outcome: str | None = None) -> None:
+        """The request ended: with `outcome` (DONE, DEAD_LETTER; already in the ledger), or
+        without (the prompt is free for any worker)."""
+        self._stop()
+        self.claims.held.pop(self.work.key, None)
+        now = self.claims.clock()
+        released = Claim(self.claims.worker, now, released=True, at=now, outcome=outcome)
+        await self.claims.send(self.work, released)
+
+    def _stop(self) -> None:
+        self._renewing.cancel()
+        self._watching.cancel()
+
+
+class LedgerClaims:
+    """The work queue on the `generated` ledger (`WorkQueue`)."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        outbox: Outbox,
+        worker: str,
+        claim_s: float,
+        stats: GenerateStats,
+        clock: Callable[[], float] | None = None,
+    ):
+        self.ledger = ledger
+        self.outbox = outbox
+        self.worker = worker  # this process in claims: unique per worker
+        self.claim_s = claim_s
+        self.stats = stats
+        self.clock = clock or (lambda: time.time())  # looked up at each call: tests move it
+        self.held: dict[str, Ticket] = {}  # work key -> the claim held here
+
+    def settled(self, work: Work) -> bool:
+        return self.ledger.settled(work.key)
+
+    def held_elsewhere(self, work: Work) -> Claim | None:
+        """Another worker's claim that holds the work now."""
+        holder = self.ledger.holder(work.key)
+        if holder is None or holder.worker == self.worker or not holder.holds(self.clock()):
+            return None
+        return holder
+
+    async def take(self, work: Work) -> Ticket | None:
+        """Claim the work for a request here: a ticket once the claim is read back and won;
+        None when the work is settled or another worker holds it."""
+        if self.settled(work) or self.held_elsewhere(work) is not None:
+            return None
+        claim, won = await self.write(work)
+        if not won:
+            return None
+        if self.settled(work):  # an outcome read with our claim: nothing to request
+            await self.send(work, Claim(self.worker, claim.at, released=True, at=claim.at))
+            return None
+        ticket = Ticket(self, work, claim)
+        self.held[work.key] = ticket
+        self.stats.claimed += 1
+        return ticket
+
+    async def changed(self, work: Work, timeout: float) -> None:
+        """Until the next record of the work is read, at most `timeout` seconds."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.ledger.watch(work.key).wait(), max(0.0, timeout))
+
+    async def write(self, work: Work) -> tuple[Claim, bool | None]:
+        """Write a claim (or a renewal) and read it back: the claim, and whether it won (None:
+        not read back within `ECHO_S`)."""
+        now = self.clock()
+        claim = Claim(self.worker, now + self.claim_s, at=now)
+        echo = self.ledger.expect(work.key, claim)
+        try:
+            await self.send(work, claim)
+            won = await asyncio.wait_for(asyncio.shield(echo), ECHO_S)
+        except TimeoutError:
+            log.warning("a claim of %s not read back within %.0f s", work.prompt_id, ECHO_S)
+            return claim, None
+        finally:
+            self.ledger.forget(work.key, claim)
+        # read back after it lapsed (a broker outage, a stalled process): another claim may
+        # have beaten it since, unseen yet, so it holds nothing
+        return claim, won and self.clock() < claim.until
+
+    async def send(self, work: Work, claim: Claim) -> None:
+        await self.outbox.send(LedgerMark(claim_key(work.key).encode(), claim.encode()))
+
+    async def release_all(self, timeout: float) -> None:
+        """Release every claim held here (a drain that ran out of time): the prompts go back
+        now rather than when the claims lapse."""
+        tickets = list(self.held.values())
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                for ticket in tickets:
+                    await ticket.release()
+
+    def stop(self) -> None:
+        """The worker stops: claims held lapse unrenewed (a drain releases them first)."""
+        for ticket in list(self.held.values()):
+            ticket._stop()
+        self.held.clear()
