@@ -112,7 +112,7 @@ class AuditResult:
 
     def _retention_lines(self) -> list[str]:
         kept = self.retention
-        if not kept.deleted:
+        if not kept.deleted and not kept.claimed:
             return []
         lines = [
             f"retention deleted {kept.deleted} prompt records; {kept.unread} of them before the "
