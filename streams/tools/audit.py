@@ -362,7 +362,7 @@ async def _read_outcomes(
         if version is None:
             return
         if facts is None:
-            version.unreadable(record.partition, record.offset)
+            version.unreadable(record.partition, record.offset, record.key)
         else:
             version.completion(record.partition, record.offset, facts.own_id, facts.settings)
 

@@ -131,9 +131,11 @@ class VersionCheck:
             if len(self.result.listed) < self.max_listed:
                 self.result.listed.append(Unaccounted(partition, offset, prompt_id, why))
 
-    def unreadable(self, partition: int, offset: int) -> None:
-        """A record that is no completion: only its dead letter accounts for it."""
-        self.completion(partition, offset, "", "")
+    def unreadable(self, partition: int, offset: int, key: bytes | None) -> None:
+        """A record that is no completion: the tokenize stage keys it by its Kafka key (a
+        later answer of that prompt in its window replaces it), else its dead letter
+        accounts for it."""
+        self.completion(partition, offset, (key or b"").decode("utf-8", "replace"), "")
 
     def finish(self) -> VersionResult:
         for window, last in self._open.values():

@@ -179,7 +179,7 @@ def test_every_completion_below_the_offsets_is_a_row_a_drop_or_a_dead_letter() -
     check.completion(0, 1, "b", A)  # a row a later answer replaced: still accounted
     check.completion(0, 2, "d", A)  # a recorded drop
     check.completion(0, 3, "x", A)  # not in its window
-    check.unreadable(0, 4)  # dead-lettered by the tokenize stage
+    check.unreadable(0, 4, None)  # dead-lettered by the tokenize stage
     check.completion(0, 5, "y", A)  # no window
     check.completion(0, 6, "e", B)
     check.completion(0, 8, "late", A)  # beyond the version: not judged
