@@ -443,7 +443,9 @@ async def audit(
                 await sender.send(record)
             await sender.flush()
         result = check.result()
-        result.retention = replace(retention_of(starts, committed), **_known(result.retention))
+        kept = retention_of(starts, committed)
+        # a claimed prompt gone from the topic: only retention deletes prompts
+        result.retention = replace(kept, **_known(result.retention)) if kept.deleted else kept
         result.version = checked
         result.republished = sender.sent if sender is not None else 0
         return result

@@ -109,7 +109,7 @@ def test_each_prompt_without_an_outcome_is_listed_with_where_it_is() -> None:
     header = ["prompt", "id", "source", "source", "id", "partition@offset", "state"]
     assert lines[1].split() == header
     assert lines[2].split() == ["lost", "s.jsonl", "row-lost", "1@5", "lost"]
-    assert lines[-1] == "republish them: draftgen audit --republish"
+    assert "republish them: draftgen audit --republish" in lines
 
 
 def test_a_claim_in_the_ledger_is_no_outcome() -> None:
