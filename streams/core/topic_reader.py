@@ -107,6 +107,10 @@ class TopicReader:
         """Every partition's end offset now (for `reached`)."""
         return await self._open_consumer().end_offsets(self.partitions)
 
+    async def starts(self) -> dict[TopicPartition, int]:
+        """Every partition's log start offset now: what retention deleted ends there."""
+        return await self._open_consumer().beginning_offsets(self.partitions)
+
     async def caught_up(self) -> bool:
         """Whether every partition was read up to its end offset seen at `open()`."""
         return await self.reached(self.ends_at_open)

@@ -8,6 +8,7 @@ again first), so a record dead-lettered before a fix runs through the fixed stag
 from __future__ import annotations
 
 import fnmatch
+import time
 from collections import Counter
 from dataclasses import dataclass
 
@@ -158,7 +159,10 @@ def republishable(letter: DeadLetter) -> tuple[str, bytes, bytes]:
         except RecordError:
             pass
         else:
+            # published now: its own `published_at`, which its completion or dead letter
+            # carries, so `draftgen audit` tells this copy's outcome from the first one's
             prompt.meta = {**prompt.meta, REGENERATE: True}
+            prompt.published_at = time.time()
             raw = prompt.encode()
     return _INPUT_TOPIC[letter.stage], (letter.prompt_id or "").encode(), raw
 

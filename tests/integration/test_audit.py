@@ -16,11 +16,14 @@ from typing import Any
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.records_to_delete import RecordsToDelete
 from aiokafka.structs import OffsetAndMetadata
 
 from compose.stack import draftgen_argv
 from producers.publish import publish
 from producers.sources import parse_source_spec
+from streams.cli.main import main
 from streams.core.ledger import ledger_key, ledger_value, settings_hash
 from streams.core.records import CompletionRecord, DeadLetter, PromptRecord
 from streams.core.settings import (
@@ -33,6 +36,8 @@ from streams.core.settings import (
 )
 from streams.core.topic_reader import TopicReader
 from streams.core.turns import EVERY_TURN, turn_prompt_id
+from streams.tools.progress import dataset_figures
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -177,3 +182,162 @@ def test_audit_lists_the_prompt_without_an_outcome_and_republishes_it(
     assert (data["prompts"], data["records"], data["missing"], data["pending"]) == (6, 7, 1, 1)
     assert data["missing_prompts"][0]["copies"] == 2
     assert data["missing_prompts"][0]["offset"] == offset
+
+
+# -- the dataset's settings, regenerate copies, a version's completions, retention ------------
+
+SAMPLING = {"temperature": 0.6, "top_p": 0.95, "max_tokens": 64, "seed": None}
+
+
+def answered(prompt: PromptRecord, model: str = "model-a") -> CompletionRecord:
+    """A completion as streams/generate/client.py writes it, from this copy of the prompt."""
+    return CompletionRecord.from_prompt(
+        prompt,
+        content=f"answer to {prompt.source_id}",
+        reasoning_content="thought",
+        finish_reason="stop",
+        model=model,
+        sampling={**SAMPLING, "chat_template_kwargs": {"enable_thinking": True}},
+    )
+
+
+async def produce(kafka: KafkaSettings, topic: str, records: list[tuple[str, bytes]]) -> None:
+    producer = AIOKafkaProducer(**kafka.aiokafka_kwargs(), **kafka.producer_kwargs())
+    await producer.start()
+    try:
+        for key, value in records:
+            await producer.send_and_wait(kafka.topic(topic), key=key.encode(), value=value)
+    finally:
+        await producer.stop()
+
+
+async def delete_prompts_before(kafka: KafkaSettings, partition: int, offset: int) -> None:
+    """What the prompts topic's retention does to a partition's oldest records."""
+    admin = AIOKafkaAdminClient(**kafka.aiokafka_kwargs())
+    await admin.start()
+    try:
+        at = {TopicPartition(kafka.topic(PROMPTS), partition): RecordsToDelete(offset)}
+        await admin.delete_records(at)
+    finally:
+        await admin.close()
+
+
+async def commit_generate(kafka: KafkaSettings, offsets: dict[int, int]) -> None:
+    consumer = AIOKafkaConsumer(
+        **kafka.aiokafka_kwargs(), group_id=kafka.group(GENERATE_GROUP), enable_auto_commit=False
+    )
+    await consumer.start()
+    try:
+        topic = kafka.topic(PROMPTS)
+        consumer.assign([TopicPartition(topic, p) for p in offsets])
+        await consumer.commit(
+            {TopicPartition(topic, p): OffsetAndMetadata(o, "") for p, o in offsets.items()}
+        )
+    finally:
+        await consumer.stop()
+
+
+def audit_json(env: dict[str, str], *argv: str) -> tuple[int, dict[str, Any]]:
+    done = subprocess.run(
+        draftgen_argv("audit", *argv, "--as-json"),
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode in (0, 1) and done.stdout, done.stderr
+    return done.returncode, orjson.loads(done.stdout)
+
+
+def test_audit_proves_the_dataset_version(
+    pipeline: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in pipeline.env.items():
+        monkeypatch.setenv(name, value)  # for `seal` in this process
+    kafka = pipeline.kafka
+    source = tmp_path / "rows.jsonl"
+    names = [f"row-{i}" for i in range(12)] + ["marked-b", "again"]
+    source.write_bytes(b"".join(row(name) for name in names))
+    pipeline.publish(source)
+    by_row = {r.source_id: r for _, _, r in asyncio.run(read_prompts(kafka))}
+    assert len(by_row) == len(names)
+    # model-a answers every prompt but one, which only model-b's ledger mark has
+    done = [by_row[name] for name in names if name != "marked-b"]
+    # first, an undecodable record (a tokenize dead letter) that row-0's answer replaces
+    records = [(by_row["row-0"].prompt_id, b"not a completion")]
+    records += [(p.prompt_id, answered(p).encode()) for p in done]
+    asyncio.run(produce(kafka, COMPLETIONS, records))
+    marked = by_row["marked-b"].prompt_id
+    b = settings_hash("model-b", SAMPLING, True, "final")
+    asyncio.run(produce(kafka, GENERATED, [(ledger_key(marked, b), ledger_value(marked, b, "s"))]))
+    committed = asyncio.run(commit_past_every_prompt(kafka))
+    worker = pipeline.tokenize()
+    store = pipeline.store()
+    wait_for(
+        lambda: dataset_figures(store).samples == len(done),
+        180,
+        lambda: str(dataset_figures(store)),
+    )
+    version = ["--out", pipeline.out, "--dataset", pipeline.dataset]
+    flags = ["--bootstrap", pipeline.bootstrap, "--topic-prefix", pipeline.prefix]
+
+    # any settings: every prompt has an outcome; the dataset's (model-a's): model-b's does not
+    code, data = audit_json(pipeline.env, *flags)
+    assert (code, data["missing"], data["settings"]) == (0, 0, None)
+    code, data = audit_json(pipeline.env, *flags, *version)
+    a = settings_hash("model-a", SAMPLING, True, "final")
+    assert (code, data["settings"], data["missing"]) == (1, {a: "model-a"}, 1)
+    assert [m["prompt_id"] for m in data["missing_prompts"]] == [marked]
+    checked = data["version"]
+    # every completion below the committed offsets, the undecodable one too (its dead letter)
+    assert (checked["sealed"], checked["checked"], checked["unaccounted"]) == (
+        False,
+        len(records),
+        0,
+    )
+    assert checked["samples_by_settings"] == {a: len(done)}
+
+    # published again to be regenerated: it needs an outcome made from that copy
+    again = tmp_path / "again.jsonl"
+    again.write_bytes(row("again"))
+    asyncio.run(publish(kafka, [parse_source_spec(str(again))], progress=False, regenerate=True))
+    copy = next(r for _, _, r in asyncio.run(read_prompts(kafka)) if r.meta.get("regenerate"))
+    _, data = audit_json(pipeline.env, *flags, *version)
+    assert {(m["prompt_id"], m["state"]) for m in data["missing_prompts"]} == {
+        (marked, "lost"),
+        (copy.prompt_id, "pending-since-republished"),
+    }
+    asyncio.run(produce(kafka, COMPLETIONS, [(copy.prompt_id, answered(copy).encode())]))
+    wait_for(lambda: dataset_figures(store).replaced == 1, 180, lambda: str(dataset_figures(store)))
+    _, data = audit_json(pipeline.env, *flags, *version)
+    assert [m["prompt_id"] for m in data["missing_prompts"]] == [marked]
+
+    # a window whose marker is gone: its completions are in no window of the version, sealed too
+    worker.stop()
+    marker = store.markers()[0]
+    store.fs.rm_file(store.layout.marker(marker.partition, marker.start_offset, marker.generation))
+    assert main(["seal", *version, *flags]) == 0
+    _, data = audit_json(pipeline.env, *flags, *version)
+    checked = data["version"]
+    assert (
+        checked["sealed"] and checked["unaccounted"] == marker.end_offset - marker.start_offset + 1
+    )
+    assert {u["why"] for u in checked["unaccounted_completions"]} == {"no window"}
+    assert {u["partition"] for u in checked["unaccounted_completions"]} == {marker.partition}
+
+    # retention: a partition deleted before the generate group read it, and a claimed prompt
+    # whose record went with it
+    partition = next(p for p, end in committed.items() if end)
+    asyncio.run(commit_generate(kafka, {partition: 0}))
+    asyncio.run(delete_prompts_before(kafka, partition, committed[partition]))
+    # (a request claimed, never answered, its prompt no longer in the topic)
+    claim = f"{ledger_key('f' * 32, b)}!claim"
+    asyncio.run(produce(kafka, GENERATED, [(claim, b"{}")]))
+    code, data = audit_json(pipeline.env, *flags)
+    kept = data["retention"]
+    assert (code, kept["deleted"], kept["unread"]) == (
+        1,
+        committed[partition],
+        committed[partition],
+    )
+    assert kept["claimed_gone"] == ["f" * 32] and kept["unknown_partitions"] == []

@@ -182,7 +182,13 @@ class DeadLetterSelection(Settings):
 
 
 class AuditSettings(Settings):
-    """`draftgen audit`."""
+    """`draftgen audit`; with `out` and `dataset`, that version is checked too and an outcome
+    counts only under its samples' generation settings (streams/tools/audit.py)."""
+
+    out: OutputRoot | None = setting(
+        None, cli=True, help="output root of the dataset version to check (with --dataset)"
+    )
+    dataset: DatasetName | None = dataset_setting(default=None)
 
     republish: bool = setting(
         False,
@@ -195,6 +201,16 @@ class AuditSettings(Settings):
         aliases=("--json",),
         help="one JSON object: the counts and every prompt without an outcome",
     )
+
+    @model_validator(mode="after")
+    def _version_needs_both(self) -> AuditSettings:
+        if (self.out is None) != (self.dataset is None):
+            raise ValueError("--out and --dataset go together (the version to check)")
+        return self
+
+    @property
+    def storage(self) -> StorageSettings | None:
+        return StorageSettings(out=self.out) if self.out else None
 
 
 class ExportSettings(Settings):

@@ -134,6 +134,10 @@ CASES: dict[str, Case] = {
         ("audit", "--bootstrap", BOOTSTRAP, "--topic-prefix", "bad topic!"), "--topic-prefix"
     ),
     "audit-bootstrap-env": Case(("audit",), "DRAFTGEN_BOOTSTRAP", {"DRAFTGEN_BOOTSTRAP": "x"}),
+    "audit-out-alone": Case(("audit", "--out", "o", "--bootstrap", BOOTSTRAP), "--dataset"),
+    "audit-dataset": Case(
+        ("audit", "--out", "o", "--dataset", "../evil", "--bootstrap", BOOTSTRAP), "--dataset"
+    ),
     "report-bootstrap-env": Case(
         ("report", "--out", "o", "--dataset", "v"),
         "DRAFTGEN_BOOTSTRAP",
