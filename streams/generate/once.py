@@ -222,8 +222,13 @@ class OnceStage:
             except Interrupted:
                 return None
             prompt_id, settings = work.prompt_id, work.settings
-            # a completion recorded meanwhile (a lapsed claim's late twin): no dead letter
-            keep = not self.ledger.contains(prompt_id, settings)
+            # a completion recorded meanwhile (a lapsed claim's late twin): no dead letter; a
+            # --regenerate publish needs an outcome of its own whatever was generated before
+            keep = not (
+                self.claims.settled(work)
+                if work.nonce
+                else self.ledger.contains(prompt_id, settings)
+            )
             if not keep:
                 outputs = [o for o in outputs if not isinstance(o, Letter)]
             delivered = [await self.stage.deliver(o, value, prompt_id, keep) for o in outputs]

@@ -98,7 +98,6 @@ def scenario(
     prompts: int,
     steal: bool,
     concurrency: int,
-    margin: int,
 ) -> Result:
     prefix = f"b{uuid.uuid4().hex[:6]}-"
     kafka = KafkaSettings(bootstrap=bootstrap, topic_prefix=prefix, partitions=PARTITIONS)
@@ -110,12 +109,8 @@ def scenario(
         )
         urls.append(url)
         procs.append(emulator)
-    # stealing is on by default: the runs without it turn it off; with it, the product's
-    # defaults unless a margin is given
-    if not steal:
-        extra = ["--steal-after", "0"]
-    else:
-        extra = ["--steal-margin", str(margin)] if margin else []
+    # stealing is on by default: the runs without it turn it off
+    extra = [] if steal else ["--steal-after", "0"]
     for url in urls:
         argv = ["worker", "generate", "--server", url, "--concurrency", str(concurrency)]
         log = ["--log-level", "INFO"]  # the thieves log what they took
@@ -143,9 +138,6 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=400)
     parser.add_argument("--tokens-per-s", type=float, default=100.0)
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument(
-        "--steal-margin", type=int, default=0, help="0: the default (a worker's window)"
-    )
     parser.add_argument("--only-tail", action="store_true", help="skip the 1/2/4 server runs")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="bench-scaling-"))
@@ -175,7 +167,6 @@ def main() -> int:
                 count,
                 steal,
                 args.concurrency,
-                args.steal_margin,
             )
             results[label] = result
             print(

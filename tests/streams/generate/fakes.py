@@ -266,9 +266,11 @@ async def once_worker(
     kafka: FakeKafka,
     limit: KafkaSettings | None = None,
     concurrency: int | None = None,
+    **overrides: Any,
 ) -> tuple[GenerateWorker, FakeLedger]:
     """A started worker with a ledger."""
-    overrides: dict[str, Any] = {} if concurrency is None else {"concurrency": concurrency}
+    if concurrency is not None:
+        overrides["concurrency"] = concurrency
     ledger = FakeLedger()
     kafka.followers.append(ledger)  # it reads what the worker writes: its claims come back
     worker = worker_for(client, kafka, ledger=ledger, limit=limit, **overrides)

@@ -1,0 +1,180 @@
+"""Work follows free slots (streams/generate/claims.py): every request is claimed by its
+requester, one worker holds a prompt at a time, a closed gate gives prompts back at once, and a
+claim read back after it lapsed holds nothing. Scenarios on the real workers over the model of
+faust's consumer (commit_model.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from unittest import mock
+
+import orjson
+
+from streams.core.ledger import REGENERATE, Claim
+from streams.generate.claims import Work
+from streams.generate.client import DOWN
+from tests.streams.generate.commit_model import SUCCESS, ConsumerModel, settle
+from tests.streams.generate.fakes import (
+    FakeClient,
+    FakeKafka,
+    once_worker,
+    prompt,
+    run,
+    until,
+)
+
+
+def test_an_owner_claims_its_own_requests_so_a_thief_never_takes_a_running_one() -> None:
+    async def scenario() -> None:
+        model = ConsumerModel(partitions=1, records=2, concurrency=4, members=2)
+        await model.start_all()
+        model.assign([0], member=0)
+        model.deliver(0)
+        await settle()
+        assert model.client.requests == ["p0-0"]
+        thief = model.member(1)
+        [stolen] = thief.worker.start_stolen([(b"p0-0", prompt("p0-0"))])
+        assert await stolen is False  # claimed by its owner: not taken
+        assert thief.client.requests == [] and thief.worker.stats.claimed == 0
+        assert thief.worker.spoken_for("p0-0", prompt("p0-0"))
+        model.client.end(0, SUCCESS)
+        await settle()
+        assert model.completions() == ["p0-0"] and model.kafka.acked() == [0]
+        await model.close()
+
+    run(scenario)
+
+
+def test_a_dead_server_gives_its_prompts_back_and_its_owner_acks_what_others_finish() -> None:
+    async def scenario() -> None:
+        model = ConsumerModel(partitions=1, records=3, concurrency=4, members=2)
+        await model.start_all()
+        model.assign([0], member=0)
+        for _ in range(3):
+            model.deliver(0)
+        await settle()
+        assert sorted(model.client.requests) == ["p0-0", "p0-1", "p0-2"]
+        model.server_down(0)  # its requests fail: the gate closes, the claims are released
+        await settle()
+        owner, thief = model.member(0), model.member(1)
+        assert owner.worker.stats.paused and owner.worker.stats.in_flight == 0
+        assert model.ledger is not None and model.ledger.claims == {}  # given back at once
+        records = [(pid.encode(), prompt(pid)) for pid in ("p0-0", "p0-1", "p0-2")]
+        stolen = thief.worker.start_stolen(records)
+        await settle()
+        assert sorted(thief.client.requests) == ["p0-0", "p0-1", "p0-2"]
+        while thief.client.pending:
+            thief.client.end(0, SUCCESS)
+            await settle()
+        assert [await task for task in stolen] == [True, True, True]
+        # the owner, its server still down, acks them as their outcomes reach the ledger
+        await until(lambda: model.kafka.acked() == [0, 1, 2], "the owner acks them")
+        assert model.client.requests == ["p0-0", "p0-1", "p0-2"]  # never asked again
+        assert sorted(model.completions()) == ["p0-0", "p0-1", "p0-2"]
+        assert owner.worker.stats.skipped == 3
+        await model.close()
+
+    run(scenario)
+
+
+def test_a_hung_server_is_found_by_the_watchdog_and_its_requests_end() -> None:
+    """A server that stops answering without closing its connections (SIGSTOP, a hung
+    collective): no request fails, but the health probe does, so the gate closes, the request
+    ends and its claim goes back; a SIGTERM drain then returns at once."""
+
+    class HungClient(FakeClient):
+        hung = False
+
+        async def unavailable(self) -> str | None:
+            self.probes += 1
+            return DOWN if self.hung else None
+
+    async def scenario() -> None:
+        client, kafka = HungClient(), FakeKafka()
+        worker, ledger = await once_worker(client, kafka, health_watch_s=0.01)
+        client.gates["p"] = asyncio.Event()  # never set: the server hangs
+        await worker.submit(kafka.event(0, "p"))
+        await until(lambda: client.requests == ["p"], "the request running")
+        assert ledger.claims  # claimed before it started
+        client.hung = True
+        await until(lambda: worker.stats.paused, "the watchdog closed the gate", timeout=10)
+        await until(lambda: not ledger.claims, "the claim released")
+        assert worker.stats.in_flight == 0 and kafka.acked() == []
+        await asyncio.wait_for(worker.finish_requests(1800), 2)  # nothing runs: at once
+        await worker.stop()
+
+    run(scenario)
+
+
+def test_a_claim_read_back_after_it_lapsed_holds_nothing() -> None:
+    """A write that waited out a broker outage (or a stalled process): its claim's expiry was
+    counted from before the write, so it is not trusted once read back late."""
+
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        worker, ledger = await once_worker(client, kafka, concurrency=1)
+        assert worker.once is not None
+        claims = worker.once.claims
+        clock = [1_000.0]
+        claims.clock = lambda: clock[0]
+        send = claims.send
+
+        async def slow_send(work: Work, claim: Claim) -> None:
+            clock[0] += claims.claim_s + 1  # the write took longer than a claim lasts
+            await send(work, claim)
+
+        work = worker.once.work_of(b"p", prompt("p"))
+        with mock.patch.object(claims, "send", slow_send):
+            claim, won = await claims.write(work)
+        assert won is False and claim.until < clock[0]
+        assert ledger.holder(work.key) == claim  # it did win the ledger's order: too late
+        assert await claims.take(work) is not None  # written in time, it holds
+        await worker.stop()
+
+    run(scenario)
+
+
+def test_a_regenerate_publish_is_claimed_under_its_own_key_and_settled_by_its_outcome() -> None:
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        worker, ledger = await once_worker(client, kafka)
+        assert worker.once is not None
+        ledger.add("p", worker.once.settings_key("final"))  # generated before
+        record = orjson.loads(prompt("p"))
+        record["meta"] = {REGENERATE: True}
+        again = orjson.dumps(record)
+        await worker.submit(kafka.raw_event(0, b"p", again))
+        await worker.submit(kafka.raw_event(1, b"p", again))  # the same publish, redelivered
+        await until(lambda: kafka.acked() == [0, 1], "both acked")
+        assert client.requests == ["p"]  # generated again, once
+        work = worker.once.work_of(b"p", again)
+        assert work.nonce and ledger.settled(work.key)
+        claims = [Claim.decode(v) for t, k, v in kafka.sent if k.decode().endswith("!claim")]
+        assert all(c is not None for c in claims) and len(claims) == 2  # claim, release
+        await worker.stop()
+
+    run(scenario)
+
+
+def test_the_invariant_sees_a_prompt_run_twice_when_claims_do_not_exclude() -> None:
+    """The property test's check (commit_model.py `_on_request`) against a ledger that lets
+    every claim win: the thief's request of a prompt its owner runs is caught."""
+
+    async def scenario() -> None:
+        model = ConsumerModel(partitions=1, records=1, concurrency=4, members=2)
+        await model.start_all()
+        model.assign([0], member=0)
+        model.deliver(0)
+        await settle()
+        thief = model.member(1)
+        with (
+            mock.patch.object(Claim, "beats", lambda self, holder: True),
+            mock.patch.object(type(thief.worker.once.claims), "held_elsewhere", lambda s, w: None),
+        ):
+            thief.worker.start_stolen([(b"p0-0", prompt("p0-0"))])
+            await settle()
+        assert thief.client.requests[0] == "p0-0"
+        assert model.overlaps and model.overlaps[0].startswith("p0-0")
+        await model.close()
+
+    run(scenario)
