@@ -54,9 +54,9 @@ class GenerateStats:
     )
     # prompts acked without a request, because the ledger had them (streams/generate/once.py)
     skipped: int = figure("draftgen_generate_skipped", "prompts skipped: already generated")
-    # prompts claimed (of revoked partitions, to finish for their new owner; stolen ones); prompts
-    # whose claim by another worker was waited for instead of asking the server (once.py)
-    claimed: int = figure("draftgen_generate_claimed", "prompts claimed: revoked or stolen")
+    # claims won before a request (every request is claimed: streams/generate/claims.py);
+    # prompts whose claim by another worker was waited for instead of asking the server
+    claimed: int = figure("draftgen_generate_claimed", "claims won: one before each request")
     awaited: int = figure("draftgen_generate_awaited", "prompts awaited: claimed by another")
     # prompts generated from other workers' backlogs (streams/generate/steal.py)
     stolen: int = figure("draftgen_generate_stolen", "prompts generated from others' backlogs")
