@@ -87,7 +87,8 @@ class ScenarioResult:
     def line(self) -> str:
         extra = ", ".join(f"{k} {_show(v)}" for k, v in self.measures.items())
         return (
-            f"{self.name}: lost {len(self.lost)}, duplicates {self.audit.duplicates}, "
+            f"{self.name}: without an outcome {len(self.lost)}, "
+            f"duplicates {self.audit.duplicates}, "
             f"{self.figures.line()}" + (f", {extra}" if extra else "")
         )
 
