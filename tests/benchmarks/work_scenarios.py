@@ -122,6 +122,8 @@ class ScenarioResult:
 
 
 def _show(value: Any) -> str:
+    if isinstance(value, list):  # prompt ids: how many, and the first few
+        return f"{len(value)} {value[:3]}" if value else "0"
     return f"{value:.1f}" if isinstance(value, float) else str(value)
 
 
