@@ -64,7 +64,8 @@ class Overlap:
 def read_request_log(path: Path, server: str, ids: Mapping[str, str]) -> tuple[list[Request], int]:
     """The requests of one server's log whose prompt digest is in `ids` (digest -> prompt id),
     and how many named no known prompt (a worker's start-up probe for token ids)."""
-    requests, unknown = [], 0
+    requests: list[Request] = []
+    unknown = 0
     if not path.exists():
         return requests, unknown
     for raw in path.read_bytes().splitlines():
