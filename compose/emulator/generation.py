@@ -109,7 +109,7 @@ class Generator:
         )
 
         # The length is drawn in tokens; the fixed tags are paid for out of the answer's share.
-        total = self._output_length(rng)
+        total = self._output_length(rng, prompt)
         think_tokens = round(total * s.thinking_fraction) if mode is not ThinkMode.OFF else 0
         overhead = 1 + (self._close_cost if mode is not ThinkMode.OFF else 0)
         overhead += self._open_cost if mode is ThinkMode.OPENS else 0
@@ -160,8 +160,10 @@ class Generator:
                 return output
         return None
 
-    def _output_length(self, rng: random.Random) -> int:
+    def _output_length(self, rng: random.Random, prompt: str) -> int:
         s = self.settings
+        if s.long_fraction and prompt_unit(s.seed, prompt, "long") < s.long_fraction:
+            return rng.randint(*s.long_output_tokens)
         if s.mean_output_tokens is None:
             return rng.randint(s.min_output_tokens, s.max_output_tokens)
         sigma = 0.6  # a long-tailed spread, like real reasoning lengths

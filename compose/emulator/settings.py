@@ -42,6 +42,11 @@ class EmulatorSettings:
     min_output_tokens: int = 16
     max_output_tokens: int = 256
     mean_output_tokens: int | None = None
+    # A long tail on top: this fraction of prompts (chosen by the prompt, so the same on every
+    # server with the same seed) gets a length uniform in `long_output_tokens` instead, as a
+    # reasoning model's few very long answers among many short ones.
+    long_fraction: float = 0.0
+    long_output_tokens: tuple[int, int] = (3000, 6000)
     # share of the output spent thinking, when thinking is on
     thinking_fraction: float = 0.6
     # fraction of thinking outputs that never close </think> (the whole output is reasoning)
@@ -106,7 +111,11 @@ class EmulatorSettings:
                 "need 1 <= min_output_tokens <= max_output_tokens (--min-output-tokens, "
                 "--max-output-tokens)"
             )
+        low, high = self.long_output_tokens
+        if not 1 <= low <= high:
+            raise ValueError(f"need 1 <= A <= B in --long-output-tokens A-B, got {low}-{high}")
         for name in (
+            "long_fraction",
             "thinking_fraction",
             "unclosed_think_rate",
             "tool_call_rate",
@@ -143,6 +152,21 @@ def _number(kind: type, low: float, high: float = math.inf, what: str = "") -> C
 
     convert.__name__ = kind.__name__
     return convert
+
+
+def _token_range(text: str) -> tuple[int, int]:
+    """`A-B`: a range of output tokens, both ends included."""
+    low, sep, high = text.partition("-")
+    try:
+        bounds = (int(low), int(high))
+    except ValueError:
+        bounds = (0, 0)
+    if not sep or not 1 <= bounds[0] <= bounds[1]:
+        raise argparse.ArgumentTypeError(f"{text!r}: use A-B with 1 <= A <= B, such as 3000-6000")
+    return bounds
+
+
+_token_range.__name__ = "range"
 
 
 def _existing(kind: str) -> Callable[[str], Path]:
@@ -212,6 +236,19 @@ def add_emulator_arguments(parser: argparse.ArgumentParser) -> None:
     add("--min-output-tokens", type=_POSITIVE, default=d.min_output_tokens)
     add("--max-output-tokens", type=_POSITIVE, default=d.max_output_tokens)
     add("--mean-output-tokens", type=_POSITIVE, default=None, help="log-normal lengths around this")
+    add(
+        "--long-fraction",
+        type=_RATE,
+        default=d.long_fraction,
+        help="this fraction of prompts gets a length from --long-output-tokens (a long tail)",
+    )
+    add(
+        "--long-output-tokens",
+        type=_token_range,
+        default=d.long_output_tokens,
+        metavar="A-B",
+        help="the long prompts' output length, uniform in [A, B] tokens (default 3000-6000)",
+    )
     add("--thinking-fraction", type=_RATE, default=d.thinking_fraction)
     add("--unclosed-think-rate", type=_RATE, default=d.unclosed_think_rate)
     add("--tool-call-rate", type=_RATE, default=d.tool_call_rate)
@@ -278,6 +315,8 @@ def _settings(args: argparse.Namespace) -> EmulatorSettings:
         min_output_tokens=args.min_output_tokens,
         max_output_tokens=args.max_output_tokens,
         mean_output_tokens=args.mean_output_tokens,
+        long_fraction=args.long_fraction,
+        long_output_tokens=args.long_output_tokens,
         thinking_fraction=args.thinking_fraction,
         unclosed_think_rate=args.unclosed_think_rate,
         tool_call_rate=args.tool_call_rate,

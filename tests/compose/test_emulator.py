@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import copy
 import json
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from compose.emulator import EmulatorSettings, add_emulator_arguments, settings_from_args
 from streams.core.parsers import split_reasoning
 from tests.compose.emulator_client import (
     THINKING_KWARG,
@@ -84,6 +86,41 @@ def test_output_length_range(start_emulator: StartEmulator) -> None:
         assert all(30 <= n <= 70 for n in lengths), lengths
 
     asyncio.run(scenario())
+
+
+def test_long_tail_lengths(start_emulator: StartEmulator) -> None:
+    """--long-fraction: a share of prompts, fixed by the prompt, gets a long answer from
+    --long-output-tokens; the others keep the usual range."""
+
+    async def scenario() -> list[int]:
+        async with start_emulator(
+            "qwen36",
+            min_output_tokens=20,
+            max_output_tokens=40,
+            long_fraction=0.3,
+            long_output_tokens=(400, 500),
+        ) as emu:
+            return [
+                len((await chat(emu, user(f"prompt {i}"))).choices[0].token_ids) for i in range(30)
+            ]
+
+    lengths = asyncio.run(scenario())
+    long = [n for n in lengths if n >= 350]
+    short = [n for n in lengths if n <= 60]
+    assert len(long) + len(short) == len(lengths), lengths  # nothing in between: two modes
+    assert 3 <= len(long) <= 16, lengths  # ~30% of 30
+
+
+def test_long_tail_flags(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    add_emulator_arguments(parser)
+    given = ["--tokenizer", str(tmp_path), "--long-fraction", "0.15"]
+    settings = settings_from_args(parser.parse_args([*given, "--long-output-tokens", "3000-6000"]))
+    assert (settings.long_fraction, settings.long_output_tokens) == (0.15, (3000, 6000))
+    assert EmulatorSettings(tokenizer_dir=tmp_path).long_fraction == 0.0  # off by default
+    for wrong in ("6000-3000", "3000", "a-b", "0-10"):
+        with pytest.raises(SystemExit):
+            parser.parse_args([*given, "--long-output-tokens", wrong])
 
 
 def test_thinking_off(start_emulator: StartEmulator, family: str) -> None:
