@@ -13,7 +13,7 @@ import orjson
 from streams.core.ledger import REGENERATE, Claim
 from streams.generate.claims import Work
 from streams.generate.client import DOWN
-from tests.streams.generate.commit_model import SUCCESS, ConsumerModel, settle
+from tests.streams.generate.commit_model import SUCCESS, ConsumerModel, ledger_partition, settle
 from tests.streams.generate.fakes import (
     FakeClient,
     FakeKafka,
@@ -175,6 +175,49 @@ def test_the_invariant_sees_a_prompt_run_twice_when_claims_do_not_exclude() -> N
             await settle()
         assert thief.client.requests[0] == "p0-0"
         assert model.overlaps and model.overlaps[0].startswith("p0-0")
+        await model.close()
+
+    run(scenario)
+
+
+def test_a_release_read_before_its_outcome_key_still_settles_the_prompt() -> None:
+    """A prompt's claim and outcome keys land on different partitions of the ledger, which a
+    reader may read in any order: the release carries the outcome, so a worker that reads the
+    release first does not request the prompt again."""
+
+    async def scenario() -> None:
+        model = ConsumerModel(partitions=1, records=6, concurrency=4, members=2, lagging=True)
+        await model.start_all()
+        owner, other = model.member(0), model.member(1)
+        assert owner.worker.once is not None and other.ledger is not None
+        settings = owner.worker.once.settings_key("final")
+        # a prompt whose two keys are on different partitions of the ledger
+        pid = next(
+            f"p0-{offset}"
+            for offset in range(6)
+            if ledger_partition(f"p0-{offset}@{settings}!claim".encode())
+            != ledger_partition(f"p0-{offset}@{settings}".encode())
+        )
+        claims_at = ledger_partition(f"{pid}@{settings}!claim".encode())
+        outcome_at = ledger_partition(f"{pid}@{settings}".encode())
+        record = [(pid.encode(), prompt(pid))]
+        first = owner.worker.start_stolen(record)
+        await settle()
+        model.read_ledger(0, claims_at)  # the owner reads its claim back: it requests
+        await settle()
+        assert owner.client.requests == [pid]
+        owner.client.end(0, SUCCESS)
+        await settle()
+        assert await first[0] is True
+        # the other worker reads only the claims' partition: the release, not the outcome key
+        model.read_ledger(1, claims_at)
+        assert other.ledger.positions[outcome_at] == 0
+        second = other.worker.start_stolen(record)
+        await settle()
+        model.read_ledger(1, claims_at)
+        await settle()
+        assert await second[0] is False
+        assert other.client.requests == [] and not model.redone
         await model.close()
 
     run(scenario)
