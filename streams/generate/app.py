@@ -1,5 +1,6 @@
 """`draftgen worker generate`: the Faust app around GenerateWorker, bound to one SGLang server.
-Wiring only: the parts are streams/generate/{worker,stage,once,intake,gate,steal,fair}.py."""
+Wiring only: the parts are streams/generate/{worker,stage,once,claims,intake,slots,gate,steal,
+fair}.py."""
 
 from __future__ import annotations
 

@@ -25,8 +25,8 @@ The rules (the ledger's side is `Claim` and `LedgerState.take` in streams/core/l
 
 Stealing then needs no margin: any prompt that is not settled and not held may be taken by a
 worker with a free slot, and a prompt held by another worker is waited for without a slot.
-Behind `WorkQueue` (streams/generate/ports.py), so another queue (a serving engine's own) can
-replace the ledger's.
+The generate stage sees these rules through `WorkQueue` only, so another queue (a serving
+engine's own) can replace the ledger's.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from streams.core.ledger import Claim, claim_key, work_key
 from streams.generate.outputs import LedgerMark, Outbox
@@ -61,6 +62,45 @@ class Work:
     @property
     def key(self) -> str:
         return work_key(self.prompt_id, self.settings, self.nonce)
+
+
+class Held(Protocol):
+    """A prompt this worker may request now; `lost` is set when it no longer may."""
+
+    @property
+    def lost(self) -> asyncio.Event: ...
+
+    async def release(self, outcome: str | None = None) -> None:
+        """The request ended: with its outcome (DONE, DEAD_LETTER; already recorded) or
+        without (the prompt is free for any worker)."""
+        ...
+
+
+class WorkQueue(Protocol):
+    """Who requests a prompt: the rules of this module's docstring (`LedgerClaims`)."""
+
+    def settled(self, work: Work) -> bool:
+        """Whether the work has its outcome."""
+        ...
+
+    def held_elsewhere(self, work: Work) -> Claim | None:
+        """Another worker's claim that holds the work now."""
+        ...
+
+    async def take(self, work: Work) -> Held | None:
+        """The work for a request here, or None (settled, or another worker holds it)."""
+        ...
+
+    async def until_changed(self, work: Work) -> None:
+        """Until news of the work (its outcome, a release), or its holder's claim lapses."""
+        ...
+
+    def holding(self) -> int:
+        """Claims held here."""
+        ...
+
+    async def release_all(self, timeout: float) -> None: ...
+    def stop(self) -> None: ...
 
 
 class Ticket:
@@ -117,7 +157,7 @@ class Ticket:
 
 
 class LedgerClaims:
-    """The work queue on the `generated` ledger (`WorkQueue`)."""
+    """The work queue on the `generated` ledger (a `WorkQueue`)."""
 
     def __init__(
         self,
@@ -162,10 +202,15 @@ class LedgerClaims:
         self.stats.claimed += 1
         return ticket
 
-    async def changed(self, work: Work, timeout: float) -> None:
-        """Until the next record of the work is read, at most `timeout` seconds."""
+    async def until_changed(self, work: Work) -> None:
+        """Until the next record of the work is read, or its holder's claim lapses."""
+        holder = self.ledger.holder(work.key)
+        timeout = 0.0 if holder is None else max(0.0, holder.until - self.clock())
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.ledger.watch(work.key).wait(), max(0.0, timeout))
+            await asyncio.wait_for(self.ledger.watch(work.key).wait(), timeout)
+
+    def holding(self) -> int:
+        return len(self.held)
 
     async def write(self, work: Work) -> tuple[Claim, bool | None]:
         """Write a claim (or a renewal) and read it back: the claim, and whether it won (None:

@@ -40,7 +40,7 @@ from streams.core.ledger import (
 )
 from streams.core.settings import GenerateSettings
 from streams.core.turns import FINAL, REGEN_MODES
-from streams.generate.claims import LedgerClaims, Ticket, Work
+from streams.generate.claims import Held, LedgerClaims, Work, WorkQueue
 from streams.generate.outputs import Completion, LedgerMark, Letter, Output
 from streams.generate.ports import Gate, Ledger, ServerClient
 from streams.generate.slots import Slots
@@ -93,15 +93,13 @@ class OnceStage:
         self.slots = slots
         self.gate = gate
         # this process in claims: unique per worker, even two on one server URL
-        worker = f"{client.base_url}#{uuid.uuid4().hex[:12]}"
-        self.claims = LedgerClaims(ledger, stage.outbox, worker, settings.claim_s, stats)
+        self.worker_id = f"{client.base_url}#{uuid.uuid4().hex[:12]}"
+        self.claims: WorkQueue = LedgerClaims(
+            ledger, stage.outbox, self.worker_id, settings.claim_s, stats
+        )
         # work key -> done: a copy of the prompt claims or requests here
         self._running: dict[str, asyncio.Future[None]] = {}
         self.draining = False  # SIGTERM: stolen prompts not requesting stop
-
-    @property
-    def worker_id(self) -> str:
-        return self.claims.worker
 
     def settings_key(self, regen: str) -> str:
         sampling = self.settings.sampling.as_dict()
@@ -169,13 +167,13 @@ class OnceStage:
                 return False
             if not owned():
                 return False
-            if (holder := self.claims.held_elsewhere(work)) is not None:
+            if self.claims.held_elsewhere(work) is not None:
                 if stolen:
                     return False
                 if not waited:
                     self.stats.awaited += 1
                     waited = True
-                await self.claims.changed(work, holder.until - self.claims.clock())
+                await self.claims.until_changed(work)
                 continue
             if not await self._slot(work, own=not stolen):
                 continue  # news of the prompt first: look again
@@ -211,7 +209,7 @@ class OnceStage:
         was not won or the request ended early (the caller looks again)."""
         done = asyncio.get_running_loop().create_future()
         self._running[work.key] = done
-        ticket: Ticket | None = None
+        ticket: Held | None = None
         outcome: str | None = None
         try:
             ticket = await self.claims.take(work)
@@ -256,7 +254,7 @@ class OnceStage:
                 del self._running[work.key]
                 done.set_result(None)
 
-    async def _request(self, ticket: Ticket, key: bytes, value: bytes) -> list[Output]:
+    async def _request(self, ticket: Held, key: bytes, value: bytes) -> list[Output]:
         """The prompt's outputs, unless the gate closes or the claim is lost first."""
         request = asyncio.ensure_future(self.stage.outputs(key, value))
         ends = [
@@ -288,10 +286,10 @@ class OnceStage:
         while running and (left := deadline - loop.time()) > 0:
             await asyncio.wait(running, timeout=left)
             running = [f for f in self._running.values() if not f.done()]
-        if self.claims.held:
+        if self.claims.holding():
             log.warning(
                 "%d requests still running: their claims are released, others take them",
-                len(self.claims.held),
+                self.claims.holding(),
             )
             await self.claims.release_all(RELEASE_S)
 

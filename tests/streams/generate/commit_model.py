@@ -280,7 +280,7 @@ class ConsumerModel:
         if found is not None and found.ledger is not None:
             found.ledger.read(partition, count)
 
-    def steal(self, member: int, partition: int, offset: int) -> bool:
+    async def steal(self, member: int, partition: int, offset: int) -> bool:
         """The member takes a prompt of any partition from the backlog (a thief)."""
         found = self.members[member]
         if found is None or offset >= self.records:

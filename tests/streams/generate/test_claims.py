@@ -11,7 +11,7 @@ from unittest import mock
 import orjson
 
 from streams.core.ledger import REGENERATE, Claim
-from streams.generate.claims import Work
+from streams.generate.claims import LedgerClaims, Work
 from streams.generate.client import DOWN
 from tests.streams.generate.commit_model import SUCCESS, ConsumerModel, ledger_partition, settle
 from tests.streams.generate.fakes import (
@@ -115,6 +115,7 @@ def test_a_claim_read_back_after_it_lapsed_holds_nothing() -> None:
         worker, ledger = await once_worker(client, kafka, concurrency=1)
         assert worker.once is not None
         claims = worker.once.claims
+        assert isinstance(claims, LedgerClaims)
         clock = [1_000.0]
         claims.clock = lambda: clock[0]
         send = claims.send

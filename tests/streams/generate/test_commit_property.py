@@ -209,8 +209,7 @@ class CommitMachine(RuleBasedStateMachine):
     )
     def steal(self, member: int, partition: int, offset: int) -> None:
         """A member takes a prompt from a backlog, whoever owns it (and whatever runs it)."""
-        self.model.steal(member, partition, offset)
-        self._run(None)
+        self._run(self.model.steal(member, partition, offset))
 
     @rule(member=st.integers(0, MEMBERS - 1))
     def server_down(self, member: int) -> None:
