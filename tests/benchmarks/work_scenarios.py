@@ -431,8 +431,15 @@ def pause_server(
         if finished is not None
         else f"{len(fleet.missing())} prompts without an outcome after {finish_timeout_s:.0f}s"
     )
+    def given_up(overlap: Overlap) -> bool:
+        # the first request ran on the stopped server, which does nothing while stopped: its
+        # worker's health probe went unanswered, so it gave the prompt back (the server finds
+        # its client gone when it resumes)
+        return overlap.first.server == victim and overlap.first.start < stopped
+
     result = fleet.result(
         "pause",
+        excused=given_up,
         outages=[Outage(victim, stopped, resumed)],
         measures={
             "pause_s": pause_s,
