@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import time
 from collections.abc import Callable
@@ -46,9 +47,19 @@ from streams.generate.stats import GenerateStats
 
 log = logging.getLogger(__name__)
 
-# seconds a claimant waits to read its own claim back before it gives the prompt up for now
-# (a broker outage, a ledger reader far behind): its claim, if it won, lapses unrenewed
+# seconds a claimant waits to read its own claim back (a ledger reader far behind): then it is
+# LATE, as one read back after its expiry
 ECHO_S = 30.0
+
+
+class Echo(enum.Enum):
+    """A claim read back: it won and holds; it lost to another's; or it is LATE: read back
+    after its expiry (or not in time), when a later claim of another worker may beat it unseen
+    yet. A new claim that is late takes nothing; a renewal that is late is written again."""
+
+    WON = "won"
+    LOST = "lost"
+    LATE = "late"
 
 
 @dataclass(frozen=True)
@@ -120,10 +131,10 @@ class Ticket:
         every = self.claims.claim_s / 3
         while True:
             await asyncio.sleep(every)
-            claim, won = await self.claims.write(self.work)
-            if won is None:
-                continue  # not read back in time: still ours as far as anyone showed
-            if not won:
+            claim, echo = await self.claims.write(self.work)
+            while echo is Echo.LATE:  # a broker outage, a stall: again, now
+                claim, echo = await self.claims.write(self.work)
+            if echo is Echo.LOST:
                 log.warning(
                     "the claim of %s lapsed and another worker took it: its request here ends",
                     self.work.prompt_id,
@@ -191,8 +202,8 @@ class LedgerClaims:
         None when the work is settled or another worker holds it."""
         if self.settled(work) or self.held_elsewhere(work) is not None:
             return None
-        claim, won = await self.write(work)
-        if not won:
+        claim, echo = await self.write(work)
+        if echo is not Echo.WON:
             return None
         if self.settled(work):  # an outcome read with our claim: nothing to request
             await self.send(work, Claim(self.worker, claim.at, released=True, at=claim.at))
@@ -212,9 +223,8 @@ class LedgerClaims:
     def holding(self) -> int:
         return len(self.held)
 
-    async def write(self, work: Work) -> tuple[Claim, bool | None]:
-        """Write a claim (or a renewal) and read it back: the claim, and whether it won (None:
-        not read back within `ECHO_S`)."""
+    async def write(self, work: Work) -> tuple[Claim, Echo]:
+        """Write a claim (or a renewal) and read it back: the claim, and how it came back."""
         now = self.clock()
         claim = Claim(self.worker, now + self.claim_s, at=now)
         echo = self.ledger.expect(work.key, claim)
@@ -223,12 +233,13 @@ class LedgerClaims:
             won = await asyncio.wait_for(asyncio.shield(echo), ECHO_S)
         except TimeoutError:
             log.warning("a claim of %s not read back within %.0f s", work.prompt_id, ECHO_S)
-            return claim, None
+            return claim, Echo.LATE
         finally:
             self.ledger.forget(work.key, claim)
-        # read back after it lapsed (a broker outage, a stalled process): another claim may
-        # have beaten it since, unseen yet, so it holds nothing
-        return claim, won and self.clock() < claim.until
+        if not won:
+            return claim, Echo.LOST
+        # its expiry counts from before the write (which may have waited out an outage)
+        return claim, Echo.WON if self.clock() < claim.until else Echo.LATE
 
     async def send(self, work: Work, claim: Claim) -> None:
         await self.outbox.send(LedgerMark(claim_key(work.key).encode(), claim.encode()))

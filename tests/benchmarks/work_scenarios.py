@@ -431,6 +431,7 @@ def pause_server(
         if finished is not None
         else f"{len(fleet.missing())} prompts without an outcome after {finish_timeout_s:.0f}s"
     )
+
     def given_up(overlap: Overlap) -> bool:
         # the first request ran on the stopped server, which does nothing while stopped: its
         # worker's health probe went unanswered, so it gave the prompt back (the server finds

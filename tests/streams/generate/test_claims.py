@@ -11,7 +11,7 @@ from unittest import mock
 import orjson
 
 from streams.core.ledger import REGENERATE, Claim
-from streams.generate.claims import LedgerClaims, Work
+from streams.generate.claims import Echo, LedgerClaims, Work
 from streams.generate.client import DOWN
 from tests.streams.generate.commit_model import SUCCESS, ConsumerModel, ledger_partition, settle
 from tests.streams.generate.fakes import (
@@ -127,7 +127,7 @@ def test_a_claim_read_back_after_it_lapsed_holds_nothing() -> None:
         work = worker.once.work_of(b"p", prompt("p"))
         with mock.patch.object(claims, "send", slow_send):
             claim, won = await claims.write(work)
-        assert won is False and claim.until < clock[0]
+        assert won is Echo.LATE and claim.until < clock[0]
         assert ledger.holder(work.key) == claim  # it did win the ledger's order: too late
         assert await claims.take(work) is not None  # written in time, it holds
         await worker.stop()
@@ -220,5 +220,41 @@ def test_a_release_read_before_its_outcome_key_still_settles_the_prompt() -> Non
         assert await second[0] is False
         assert other.client.requests == [] and not model.redone
         await model.close()
+
+    run(scenario)
+
+
+def test_a_renewal_read_back_late_is_written_again_and_its_request_goes_on() -> None:
+    """A renewal that waited out a broker outage longer than a claim comes back late: it is
+    written again at once, and the request goes on if no other worker took the prompt."""
+
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        worker, ledger = await once_worker(client, kafka, claim_s=0.03)
+        assert worker.once is not None
+        claims = worker.once.claims
+        assert isinstance(claims, LedgerClaims)
+        clock = [1_000.0]
+        claims.clock = lambda: clock[0]
+        work = worker.once.work_of(b"p", prompt("p"))
+        ticket = await claims.take(work)
+        assert ticket is not None
+        send, outages = claims.send, [1.0]
+
+        async def one_outage(work: Work, claim: Claim) -> None:
+            if outages:
+                clock[0] += outages.pop()  # this write took a second: past the claim
+            await send(work, claim)
+
+        def claims_written() -> int:
+            return sum(1 for _, key, _ in kafka.sent if key.endswith(b"!claim"))
+
+        with mock.patch.object(claims, "send", one_outage):
+            await until(lambda: claims_written() >= 3, "the late renewal written again")
+        holder = ledger.holder(work.key)
+        assert not ticket.lost.is_set() and holder is not None
+        assert holder.worker == claims.worker and holder.until > clock[0]
+        await ticket.release()
+        await worker.stop()
 
     run(scenario)
