@@ -80,15 +80,19 @@ class ServerGate:
             self._down_since = time.monotonic()
             self._prober = asyncio.create_task(self._probe_until_healthy())
 
-    async def watch(self, every_s: float, busy: Callable[[], bool]) -> None:
+    async def watch(self, every_s: float, busy: Callable[[], bool], misses: int = 2) -> None:
         """While the gate is open and `busy()` (requests run), probe the server every `every_s`:
-        one that does not answer (each probe has its own timeout) closes the gate."""
+        one that fails `misses` probes in a row (each has its own timeout) closes the gate. Not
+        one: closing it ends every request running, so a slow answer must not do it."""
+        failed = 0
         while True:
             await asyncio.sleep(every_s)
             if not self.is_open or not busy():
+                failed = 0
                 continue
             problem = await self.unavailable()
-            if problem is not None and self.is_open:
+            failed = failed + 1 if problem is not None else 0
+            if problem is not None and failed >= misses and self.is_open:
                 log.warning("server %s stopped answering its health probe", self.client.base_url)
                 self.shut(problem)
 

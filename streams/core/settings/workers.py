@@ -112,8 +112,8 @@ class GenerateSettings(Settings):
         "to other workers (a server that is down ends them at once)",
         ge=0,
     )
-    # while requests run, the server is probed this often: one that stops answering (hung,
-    # SIGSTOP) closes the gate, and its requests' prompts go to other servers
+    # while requests run, the server is probed this often: one that leaves two probes in a row
+    # unanswered (hung, SIGSTOP) closes the gate, and its requests' prompts go to other servers
     health_watch_s: float = setting(
         5.0,
         cli=True,

@@ -11,8 +11,11 @@ from unittest import mock
 import orjson
 
 from streams.core.ledger import REGENERATE, Claim
+from streams.core.retry import Backoff
 from streams.generate.claims import Echo, LedgerClaims, Work
 from streams.generate.client import DOWN
+from streams.generate.gate import ServerGate
+from streams.generate.stats import GenerateStats
 from tests.streams.generate.commit_model import SUCCESS, ConsumerModel, ledger_partition, settle
 from tests.streams.generate.fakes import (
     FakeClient,
@@ -256,5 +259,39 @@ def test_a_renewal_read_back_late_is_written_again_and_its_request_goes_on() -> 
         assert holder.worker == claims.worker and holder.until > clock[0]
         await ticket.release()
         await worker.stop()
+
+    run(scenario)
+
+
+def test_the_watchdog_closes_the_gate_at_two_unanswered_probes_in_a_row_not_one() -> None:
+    """Closing the gate ends every request running: one slow health answer must not do it."""
+
+    class Flaky(FakeClient):
+        def __init__(self) -> None:
+            super().__init__()
+            self.answers: list[str | None] = [DOWN, None, DOWN, DOWN]
+
+        async def unavailable(self) -> str | None:
+            self.probes += 1
+            return self.answers.pop(0) if self.answers else None
+
+    async def scenario() -> None:
+        client = Flaky()
+        gate = ServerGate(client, GenerateStats(), Backoff(0.001, 0.002))
+        gate.open()
+        shut_at: list[int] = []
+        shut = gate.shut
+
+        def recording_shut(reason: str = DOWN) -> None:
+            shut_at.append(client.probes)
+            shut(reason)
+
+        with mock.patch.object(gate, "shut", recording_shut):
+            watching = asyncio.create_task(gate.watch(0.001, lambda: True))
+            await until(lambda: shut_at, "the gate closed")
+            watching.cancel()
+        assert shut_at == [4]  # the second miss in a row, not the first miss
+        await until(lambda: gate.is_open, "open again once the server answers")
+        gate.close()
 
     run(scenario)
