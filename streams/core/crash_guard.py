@@ -26,16 +26,13 @@ from typing import Any
 
 import orjson
 
+from streams.core.settings.base import default_state_dir
+
 log = logging.getLogger(__name__)
 
 # crashes on one offset before the next start dead-letters it
 CRASHES_BEFORE_DEAD_LETTER = 2
 CRASH_LOOP = "crash_loop"
-
-
-def default_state_dir() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    return Path(base) / "draftgen"
 
 
 def _file_name(name: str) -> str:

@@ -9,7 +9,9 @@ own in each, so that no variable sets two settings.
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -205,3 +207,10 @@ def secrets_removed(settings: BaseModel) -> dict[str, Any]:
             continue
         values[name] = secrets_removed(value) if isinstance(value, BaseModel) else value
     return values
+
+
+def default_state_dir() -> Path:
+    """Where draftgen keeps what outlives a process on this host (the kept stack, crash notes,
+    member slots): `$XDG_STATE_HOME/draftgen`, else `~/.local/state/draftgen`."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(base) / "draftgen"

@@ -9,7 +9,13 @@ from typing import Any
 from pydantic import SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from streams.core.settings.base import Bootstrap, SafePrefix, Settings, setting
+from streams.core.settings.base import (
+    Bootstrap,
+    SafePrefix,
+    Settings,
+    default_state_dir,
+    setting,
+)
 from streams.core.settings.names import Compression, SaslMechanism, SecurityProtocol
 from streams.core.stack_state import StackState, live_stack
 
@@ -44,15 +50,20 @@ def record_size_bound(key: bytes | None, value: bytes | None) -> int:
 class StackSettings(Settings):
     """Where the local stack (`draftgen stack up`) keeps its state file and data."""
 
-    stack_dir: str = setting(
-        "~/.local/state/draftgen/stack",
+    # None: this user's state directory (`default_state_dir`, which honours XDG_STATE_HOME), so
+    # two users of one machine never share (nor stop) one stack
+    stack_dir: str | None = setting(
+        None,
         cli=True,
-        help="the local stack's state and data (default ~/.local/state/draftgen/stack)",
+        help="the local stack's state and data (default $XDG_STATE_HOME/draftgen/stack, else "
+        "~/.local/state/draftgen/stack)",
     )
 
     @property
     def path(self) -> Path:
-        return Path(self.stack_dir).expanduser()
+        if self.stack_dir:
+            return Path(self.stack_dir).expanduser()
+        return default_state_dir() / "stack"
 
 
 def current_stack() -> StackState | None:

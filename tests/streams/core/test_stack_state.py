@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from streams.cli.run import print_next_steps
-from streams.core.settings import KafkaSettings, StorageSettings, current_stack
+from streams.core.settings import KafkaSettings, StackSettings, StorageSettings, current_stack
 from streams.core.stack_state import StackState, live_stack
 
 
@@ -93,3 +93,16 @@ def test_the_next_steps_work_as_printed(capsys: pytest.CaptureFixture[str]) -> N
     theirs = capsys.readouterr().out
     assert "seal --out /data/out --dataset sample --bootstrap k:9092 --topic-prefix p-" in theirs
     assert "stack down" not in theirs
+
+
+def test_the_kept_stack_lives_in_this_users_state_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """XDG_STATE_HOME is honoured, as by the crash notes: on a shared machine a user's run
+    never attaches to (nor `down` stops) another user's stack."""
+    monkeypatch.delenv("DRAFTGEN_STACK_DIR", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    assert StackSettings().path == tmp_path / "draftgen" / "stack"
+    monkeypatch.delenv("XDG_STATE_HOME")
+    assert StackSettings().path == Path.home() / ".local" / "state" / "draftgen" / "stack"
+    assert StackSettings(stack_dir=str(tmp_path / "s")).path == tmp_path / "s"
