@@ -197,7 +197,7 @@ def add_emulator_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="tokenizer directory",
     )
-    add("--host", default=d.host)
+    add("--host", default=d.host, help="address to listen on (default 127.0.0.1)")
     add(
         "--port",
         type=_number(int, 0, 65535, "a port in 1-65535, or 0 for a free one"),
@@ -233,8 +233,18 @@ def add_emulator_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="X.Y.Z",
         help="the same as --version, for --kind sglang",
     )
-    add("--min-output-tokens", type=_POSITIVE, default=d.min_output_tokens)
-    add("--max-output-tokens", type=_POSITIVE, default=d.max_output_tokens)
+    add(
+        "--min-output-tokens",
+        type=_POSITIVE,
+        default=d.min_output_tokens,
+        help="shortest answer, in tokens",
+    )
+    add(
+        "--max-output-tokens",
+        type=_POSITIVE,
+        default=d.max_output_tokens,
+        help="longest answer, in tokens (uniform in [min, max] without --mean-output-tokens)",
+    )
     add("--mean-output-tokens", type=_POSITIVE, default=None, help="log-normal lengths around this")
     add(
         "--long-fraction",
@@ -249,13 +259,43 @@ def add_emulator_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="A-B",
         help="the long prompts' output length, uniform in [A, B] tokens (default 3000-6000)",
     )
-    add("--thinking-fraction", type=_RATE, default=d.thinking_fraction)
-    add("--unclosed-think-rate", type=_RATE, default=d.unclosed_think_rate)
-    add("--tool-call-rate", type=_RATE, default=d.tool_call_rate)
+    add(
+        "--thinking-fraction",
+        type=_RATE,
+        default=d.thinking_fraction,
+        help="share of an answer spent thinking, when thinking is on",
+    )
+    add(
+        "--unclosed-think-rate",
+        type=_RATE,
+        default=d.unclosed_think_rate,
+        help="fraction of thinking answers that never close </think>",
+    )
+    add(
+        "--tool-call-rate",
+        type=_RATE,
+        default=d.tool_call_rate,
+        help="fraction of requests with tools answered by a tool call",
+    )
     add("--tokens-per-s", type=_SECONDS, default=d.tokens_per_s, help="decode speed; 0 = instant")
-    add("--max-running-requests", type=_COUNT, default=d.max_running_requests)
-    add("--max-queued-requests", type=_COUNT, default=d.max_queued_requests)
-    add("--startup-delay-s", type=_SECONDS, default=d.startup_delay_s)
+    add(
+        "--max-running-requests",
+        type=_COUNT,
+        default=d.max_running_requests,
+        help="requests decoded at once, as SGLang's flag (0: unbounded)",
+    )
+    add(
+        "--max-queued-requests",
+        type=_COUNT,
+        default=d.max_queued_requests,
+        help="requests waiting beyond those, as SGLang's flag; more get 503 (0: unbounded)",
+    )
+    add(
+        "--startup-delay-s",
+        type=_SECONDS,
+        default=d.startup_delay_s,
+        help="seconds /health_generate answers 503 after start, as while loading weights",
+    )
     add(
         "--api-key",
         default=None,
@@ -268,14 +308,44 @@ def add_emulator_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.auth_status,
         help="the status of a request without the key (SGLang: 401)",
     )
-    add("--fail-400-rate", type=_RATE, default=d.rate_400_context)
-    add("--fail-503-rate", type=_RATE, default=d.rate_503)
-    add("--fail-500-rate", type=_RATE, default=d.rate_500)
-    add("--timeout-rate", type=_RATE, default=d.rate_timeout)
-    add("--timeout-hang-s", type=_SECONDS, default=d.timeout_hang_s)
-    add("--drop-rate", type=_RATE, default=d.rate_drop)
-    add("--drift-rate", type=_RATE, default=d.drift_rate)
-    add("--seed", type=int, default=d.seed)
+    add(
+        "--fail-400-rate",
+        type=_RATE,
+        default=d.rate_400_context,
+        help="fraction of prompts always refused as too long for the context (400)",
+    )
+    add("--fail-503-rate", type=_RATE, default=d.rate_503, help="fraction of requests given a 503")
+    add("--fail-500-rate", type=_RATE, default=d.rate_500, help="fraction of requests given a 500")
+    add(
+        "--timeout-rate",
+        type=_RATE,
+        default=d.rate_timeout,
+        help="fraction of requests that hang --timeout-hang-s, then reset the connection",
+    )
+    add(
+        "--timeout-hang-s",
+        type=_SECONDS,
+        default=d.timeout_hang_s,
+        help="how long such a request hangs",
+    )
+    add(
+        "--drop-rate",
+        type=_RATE,
+        default=d.rate_drop,
+        help="fraction of requests whose connection closes in the middle of the answer",
+    )
+    add(
+        "--drift-rate",
+        type=_RATE,
+        default=d.drift_rate,
+        help="fraction of prompts answered in other tokens than their text's encoding",
+    )
+    add(
+        "--seed",
+        type=int,
+        default=d.seed,
+        help="seed of the answers, lengths and faults (the same on every server with it)",
+    )
     add(
         "--script",
         type=_existing("file"),

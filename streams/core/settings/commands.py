@@ -166,7 +166,9 @@ class StatusSettings(Settings):
 class DeadLetterSelection(Settings):
     """`draftgen dead-letters`."""
 
-    stage: Literal["publish", "generate", "tokenize"] | None = setting(None, cli=True)
+    stage: Literal["publish", "generate", "tokenize"] | None = setting(
+        None, cli=True, help="only the dead letters of this stage"
+    )
     kind: str | None = setting(None, cli=True, help="reason kind, a glob (e.g. 'http_*')")
     republish: bool = setting(
         False,

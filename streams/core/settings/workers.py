@@ -36,7 +36,7 @@ class SamplingSettings(Settings):
     temperature: float = setting(1.0, cli=True, ge=0)
     top_p: float = setting(0.95, cli=True, gt=0, le=1)
     max_tokens: int = setting(8192, cli=True, gt=0)
-    seed: int | None = setting(None, cli=True)
+    seed: int | None = setting(None, cli=True, help="sampling seed sent with each request")
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.model_dump().items() if v is not None}
