@@ -125,11 +125,36 @@ class RepeatFilter(logging.Filter):
         return True
 
 
-_FILTER = RepeatFilter()
+# Library lines logged as ERROR that are no error of a healthy run: faust's diagnostics of a
+# partition it has not fetched lately (`verify_event_path`: a partition just assigned, or held
+# by the generate worker's fair turns, streams/generate/fair.py, looks so after every normal
+# rebalance; a real stall shows as lag in `draftgen status`), and aiokafka's while a new
+# broker's group coordinator loads (retried).
+NOT_ERRORS = (
+    "Aiokafka has not sent fetch request",
+    "Aiokafka has not received fetch response",
+    "Aiokafka stopped fetching",
+    "Broker stopped responding to fetch requests",
+    "GroupCoordinatorNotAvailableError",
+)
+
+
+class NotErrorsFilter(logging.Filter):
+    """Logs the `NOT_ERRORS` lines at INFO, whatever level their library gave them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.INFO and any(t in record.getMessage() for t in NOT_ERRORS):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+_FILTERS = (NotErrorsFilter(), RepeatFilter())
 
 
 def quiet_repeats(logger: logging.Logger | None = None) -> None:
-    """Put the (one, process-wide) repeat filter on every handler of `logger` (root)."""
+    """Put the (one, process-wide) filters on every handler of `logger` (root): the library
+    diagnostics that are no errors at INFO, and repeats held back."""
     for handler in (logger or logging.getLogger()).handlers:
-        if _FILTER not in handler.filters:
-            handler.addFilter(_FILTER)
+        for found in _FILTERS:
+            if found not in handler.filters:
+                handler.addFilter(found)

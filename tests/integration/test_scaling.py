@@ -66,6 +66,14 @@ def test_a_worker_added_mid_run_takes_partitions_and_raises_throughput(
     redone = sum(revoked_in_flight(worker) for worker in workers)
     served = requests_served(first_url) + requests_served(second_url) - 2  # the probes
     assert served <= PROMPTS + redone, (served, redone)
+    # a healthy scale-out is no error: a user grepping the logs for ERROR finds nothing
+    errors = [
+        line
+        for worker in workers
+        for line in worker.log_path.read_text().splitlines()
+        if "[ERROR]" in line
+    ]
+    assert errors == [], errors[:5]
 
 
 def members(pipeline) -> int:

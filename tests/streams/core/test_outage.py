@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from streams.core.outage import Outage, RepeatFilter
+from streams.core.outage import NotErrorsFilter, Outage, RepeatFilter
 from streams.core.retry import Backoff, until_done
 
 
@@ -89,3 +89,22 @@ def test_the_repeat_filter_passes_one_per_template_and_interval_with_a_count() -
     rec = record("aiokafka.conn", "Unable connect to %r: %r", "node", "refused")
     assert noisy.filter(rec) and "[9999 similar in the last 31 s]" in rec.getMessage()
     assert all(noisy.filter(record("streams.generate.worker", "ours %s", i)) for i in range(5))
+
+
+def test_fausts_no_fetch_diagnostics_after_a_rebalance_are_info_not_errors() -> None:
+    """A partition just assigned, or held by the fair turns, is "not fetched since start" to
+    faust, which logs it as ERROR after every normal rebalance."""
+    demote = NotErrorsFilter()
+    template = "Aiokafka has not sent fetch request for %r since start (started %s)"
+    record = logging.LogRecord(
+        "faust.transport.drivers.aiokafka",
+        logging.ERROR,
+        "",
+        0,
+        template,
+        ("TP(topic='prompts', partition=10)", "5.60 minutes ago"),
+        None,
+    )
+    assert demote.filter(record) and (record.levelno, record.levelname) == (logging.INFO, "INFO")
+    other = logging.LogRecord("faust", logging.ERROR, "", 0, "Agent crashed", (), None)
+    assert demote.filter(other) and other.levelno == logging.ERROR
