@@ -252,6 +252,13 @@ def describe(cls: type[BaseSettings], err: ValidationError) -> str:
     if owner is None or name is None:
         return f"invalid settings: {first['msg']}"
     flag = flag_of(name, owner.model_fields[name])
+    nested = _nested(owner.model_fields[name])
+    if first["type"] == "missing" and flag is None and nested is not None:
+        # settings of their own (storage) missing as a whole: name the flag that gives them
+        required = [n for n, f in nested.model_fields.items() if f.is_required()]
+        if required:
+            owner, name = nested, required[0]
+            flag = flag_of(name, owner.model_fields[name])
     names = env_names(owner, name)
     if first["type"] == "missing":
         if flag == "--bootstrap":  # the one setting the local stack can give

@@ -126,6 +126,10 @@ CASES: dict[str, Case] = {
         "--dataset",
     ),
     "dataset-report": Case(("report", "--out", "o", "--dataset", "../evil"), "--dataset"),
+    # the storage settings missing as a whole: the flag that gives them, not their variable
+    "export-no-out": Case(
+        ("export", "--dataset", "v", "--format", "hf", "--output", "x"), "--out is required"
+    ),
     "dataset-env": Case(
         ("report", "--out", "o"), "DRAFTGEN_DATASET", {"DRAFTGEN_DATASET": "../evil"}
     ),
