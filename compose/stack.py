@@ -198,18 +198,58 @@ STACK_LOG = "supervisor.log"
 STACK_WATCH_S = 5.0
 
 
+# held by the supervisor for its life: one per directory, and only it touches `data/`
+SUPERVISOR_LOCK = "supervisor.lock"
+# held by `stack up` while it starts one (or waits for one starting): one start at a time
+UP_LOCK = "up.lock"
+# the supervisor's exit status when another one holds the directory
+SUPERVISOR_TAKEN = 75
+
+
+def hold_lock(path: Path) -> int | None:
+    """An exclusive flock on `path`, held until the returned descriptor is closed (or the
+    process exits, however it does); None if another process holds it."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def supervisor_running(directory: Path) -> bool:
+    """Whether a supervisor holds `directory`: starting, or up."""
+    fd = hold_lock(directory / SUPERVISOR_LOCK)
+    if fd is None:
+        return True
+    os.close(fd)
+    return False
+
+
 def serve_stack(directory: Path) -> int:
-    """The stack's supervisor, in the foreground: starts Kafka and SeaweedFS (fresh data under
-    `directory/data`), writes the state file once both answer, watches them, and on SIGTERM
-    (`stack down`) or if one of them dies, stops both and removes the state file."""
+    """The stack's supervisor, in the foreground: takes the directory's lock (or exits: another
+    one has it), starts Kafka and SeaweedFS (fresh data under `directory/data`), writes the
+    state file once both answer, watches them, and on SIGTERM (`stack down`) or if one of them
+    dies, stops both and removes the state file."""
     import secrets
     import shutil
     import time
 
     from streams.core.stack_state import STATE_FILE, StackState, read_state
 
+    lock = hold_lock(directory / SUPERVISOR_LOCK)  # for this process's life
+    if lock is None:
+        print(f"stack: another supervisor runs in {directory}", flush=True)
+        return SUPERVISOR_TAKEN
+    os.ftruncate(lock, 0)
+    os.write(lock, str(os.getpid()).encode())  # `stack down` of a stack still starting
     data = directory / "data"
-    shutil.rmtree(data, ignore_errors=True)  # a stack starts empty: the last one's data goes
+    # a stack starts empty: the last one's data goes (its supervisor is gone: we hold the lock)
+    shutil.rmtree(data, ignore_errors=True)
     with LocalStack(data) as stack:
         try:
             bootstrap = stack.start_kafka()
@@ -242,60 +282,83 @@ def serve_stack(directory: Path) -> int:
 
 def start_stack(directory: Path, timeout: float = 180.0) -> StackState:
     """`stack up`: the supervisor as a detached process (its own session, not a child that dies
-    with us), waited for until its state file names it and its broker answers."""
+    with us), waited for until its state file names it and its broker answers. One `stack up`
+    at a time per directory; one that finds a supervisor starting (another `stack up`'s, or one
+    left by an interrupted command) waits for it and uses it."""
     import subprocess
     import time
 
-    from streams.core.stack_state import live_stack, read_state
+    from streams.core.stack_state import live_stack
 
-    running = live_stack(directory)
-    if running is not None:
-        return running
     directory.mkdir(parents=True, exist_ok=True)
-    log = directory / STACK_LOG
-    with open(log, "ab") as out:
-        popen = subprocess.Popen(
-            draftgen_argv("stack", "serve", "--stack-dir", str(directory)),
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # outlives this command and its terminal
-        )
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state = read_state(directory)
-        if state is not None and state.pid == popen.pid:
-            return state
-        if popen.poll() is not None:
-            tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-            raise ServiceError(f"the stack did not start; see {log}:\n{tail}")
-        time.sleep(0.5)
-    popen.terminate()
-    raise ServiceError(f"the stack not up after {timeout:.0f}s; see {log}")
+    up = hold_lock(directory / UP_LOCK)
+    while up is None:  # another `stack up` is starting it: ours waits its turn
+        if time.monotonic() > deadline:
+            raise ServiceError(f"another `stack up` in {directory} did not finish")
+        time.sleep(0.2)
+        up = hold_lock(directory / UP_LOCK)
+    log = directory / STACK_LOG
+    popen: subprocess.Popen[bytes] | None = None
+    try:
+        while time.monotonic() < deadline:
+            running = live_stack(directory)
+            if running is not None:
+                return running
+            if popen is not None and popen.poll() not in (None, SUPERVISOR_TAKEN):
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+                raise ServiceError(f"the stack did not start; see {log}:\n{tail}")
+            if (popen is None or popen.poll() is not None) and not supervisor_running(directory):
+                with open(log, "ab") as out:
+                    popen = subprocess.Popen(
+                        draftgen_argv("stack", "serve", "--stack-dir", str(directory)),
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,  # outlives this command and its terminal
+                    )
+            time.sleep(0.5)
+        if popen is not None:
+            popen.terminate()
+        raise ServiceError(f"the stack not up after {timeout:.0f}s; see {log}")
+    finally:
+        os.close(up)
 
 
-def stop_stack(directory: Path, timeout: float = 60.0) -> StackState | None:
-    """`stack down`: SIGTERM to the supervisor (by the PID in the state file), which stops its
-    services; waits for it to exit. None if no stack runs."""
+def stop_stack(directory: Path, timeout: float = 60.0) -> int | None:
+    """`stack down`: SIGTERM to the supervisor (by the PID in the state file, or in its lock
+    file while it starts), which stops its services; waits for it to exit. Its PID, or None if
+    no stack runs."""
     import signal
     import time
 
     from streams.core.stack_state import STATE_FILE, live_stack
 
     state = live_stack(directory)
-    if state is None:
+    pid = state.pid if state is not None else starting_supervisor(directory)
+    if pid is None:
         (directory / STATE_FILE).unlink(missing_ok=True)  # a stale file: its supervisor is gone
         return None
-    os.kill(state.pid, signal.SIGTERM)
+    os.kill(pid, signal.SIGTERM)  # a supervisor still starting stops what it started too
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if live_stack(directory) is None and not _pid_running(state.pid):
-            return state
+        if live_stack(directory) is None and not _pid_running(pid):
+            return pid
         time.sleep(0.25)
     raise ServiceError(
-        f"the stack's supervisor (pid {state.pid}) did not stop in {timeout:.0f}s: "
-        f"kill -KILL {state.pid} (its services die with it)"
+        f"the stack's supervisor (pid {pid}) did not stop in {timeout:.0f}s: "
+        f"kill -KILL {pid} (its services die with it)"
     )
+
+
+def starting_supervisor(directory: Path) -> int | None:
+    """The PID of a supervisor that holds `directory` but has written no state file yet."""
+    if not supervisor_running(directory):
+        return None
+    try:
+        return int((directory / SUPERVISOR_LOCK).read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def _pid_running(pid: int) -> bool:

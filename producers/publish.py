@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from tqdm import tqdm
 
 from producers.sources import HF_PREFIX, Row, SourceSpec, mix_sources, row_error
 from streams.core.delivery import letter_output
 from streams.core.ledger import REGENERATE, generated_prompt_ids, read_generated
+from streams.core.meter import Meter
 from streams.core.normalize import DEFAULT_ID_FIELD, make_prompt_record, source_id_of
 from streams.core.records import DeadLetter, RecordError
 from streams.core.settings import DEAD_LETTERS, PROMPTS, KafkaSettings
+from streams.core.topic_reader import TopicReader
 from streams.core.topics import prepare_topics
 from streams.core.turns import FINAL, mark
 
@@ -35,10 +35,14 @@ class PublishSummary:
     duplicates: int = 0
     # in the `generated` ledger already (any settings): not published again
     already_generated: int = 0
+    # on the prompts topic already (`skip_published`), without an outcome yet: not sent again
+    already_published: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
     prompt_ids: list[str] = field(default_factory=list)
     # the ids of those already generated (their completions are stored)
     generated_ids: list[str] = field(default_factory=list)
+    # the ids of those already on the topic, waiting for their outcome
+    pending_ids: list[str] = field(default_factory=list)
 
     def line(self) -> str:
         rejected = sum(self.rejected.values())
@@ -46,7 +50,9 @@ class PublishSummary:
         return (
             f"published {self.published}, skipped as duplicates {self.duplicates}, "
             f"already generated {self.already_generated}, "
-            f"rejected {rejected}" + (f" ({kinds})" if kinds else "")
+            + (f"already published {self.already_published}, " if self.already_published else "")
+            + f"rejected {rejected}"
+            + (f" ({kinds})" if kinds else "")
         )
 
 
@@ -67,16 +73,19 @@ async def publish(
     regen: str = FINAL,
     regenerate: bool = False,
     id_field: str = DEFAULT_ID_FIELD,
+    skip_published: bool = False,
 ) -> PublishSummary:
     """Publish every row of `specs`; `regen` "every-turn" asks the generate stage to regenerate
     each assistant turn of a conversation, not only the final one (streams/generate/regen.py).
     Prompts in the `generated` ledger are skipped; `regenerate` publishes them anyway, marked
     so that the generate workers do not skip them either. A row's `id_field` becomes its
-    prompt's `source_id`."""
+    prompt's `source_id`. `skip_published` (a resumed run) also skips prompts already on the
+    prompts topic: an interrupted publish sends each prompt once."""
     meta = mark({}, regen)
     kafka = await prepare_topics(kafka)
     # What was generated before, by any publish run or source: not sent again.
     done = set() if regenerate else generated_prompt_ids(await read_generated(kafka))
+    on_topic = await published_prompt_ids(kafka) if skip_published else set()
     if regenerate:
         meta[REGENERATE] = True
     producer = AIOKafkaProducer(
@@ -89,7 +98,8 @@ async def publish(
     seen: set[str] = set()
     pending: set[asyncio.Future[Any]] = set()
     dead_topic = kafka.topic(DEAD_LETTERS)
-    bar = tqdm(total=limit, unit="prompt", disable=not progress, file=sys.stderr, desc="publish")
+    meter = Meter("publish", "row", limit) if progress else None
+    rows = 0
 
     async def send(topic: str, key: bytes, value: bytes) -> None:
         pending.add(await producer.send(topic, key=key, value=value))
@@ -111,16 +121,30 @@ async def publish(
     try:
         for spec, row_number, row in mix_sources(specs, limit, storage_options=storage_options):
             await _publish_row(
-                spec, row_number, row, summary, seen, send, reject, kafka, meta, done, id_field
+                spec,
+                row_number,
+                row,
+                summary,
+                seen,
+                send,
+                reject,
+                kafka,
+                meta,
+                done,
+                id_field,
+                on_topic,
             )
-            bar.update(1)
+            rows += 1
+            if meter is not None:
+                meter.update(rows)
         if pending:
             for future in await asyncio.gather(*pending, return_exceptions=True):
                 if isinstance(future, BaseException):
                     raise future
         await producer.flush()
     finally:
-        bar.close()
+        if meter is not None:
+            meter.close("")  # the caller prints the summary
         await producer.stop()
     return summary
 
@@ -137,6 +161,7 @@ async def _publish_row(
     meta: dict[str, Any],
     done: set[str],
     id_field: str,
+    on_topic: set[str],
 ) -> None:
     if isinstance(row, bytes):
         await reject(spec, row_number, row_error(row), row)
@@ -156,6 +181,11 @@ async def _publish_row(
         summary.already_generated += 1
         summary.generated_ids.append(record.prompt_id)
         return
+    if record.prompt_id in on_topic:
+        seen.add(record.prompt_id)
+        summary.already_published += 1
+        summary.pending_ids.append(record.prompt_id)
+        return
     value = record.encode()
     if problem := kafka.too_large(record.prompt_id.encode(), value):
         too_large = RecordError("record_too_large", problem)
@@ -166,6 +196,18 @@ async def _publish_row(
     await send(kafka.topic(PROMPTS), record.prompt_id.encode(), value)
     summary.published += 1
     summary.prompt_ids.append(record.prompt_id)
+
+
+async def published_prompt_ids(kafka: KafkaSettings) -> set[str]:
+    """The keys of every record on the prompts topic now (its prompt ids)."""
+    reader = TopicReader(kafka, kafka.topic(PROMPTS))
+    ids: set[str] = set()
+    try:
+        if await reader.open():
+            await reader.read_to_end(lambda record: ids.add(record.key.decode()))
+    finally:
+        await reader.close()
+    return ids
 
 
 def _known_id(row: Any, id_field: str) -> str | None:

@@ -19,7 +19,9 @@ import orjson
 from sinks.shards import ShardStore
 from streams.cli.flags import add_flags, build
 from streams.cli.publish import source_specs
+from streams.cli.resume import RUNS_DIR, RunRecord, choose_workdir, command_of, resume_hint
 from streams.core.errors import CliError
+from streams.core.meter import Meter
 from streams.core.outage import short_error
 from streams.core.records import POLICY_PREFIX, is_policy_drop
 from streams.core.retry import backoff, until_done
@@ -68,8 +70,12 @@ STORAGE_BACKOFF = backoff("poll")
 class RunResult:
     figures: DatasetFigures
     dead_letters: DeadLetterTally
-    expected: int
+    prompt_ids: set[str]  # the run's
     elapsed_s: float
+
+    @property
+    def expected(self) -> int:
+        return len(self.prompt_ids)
 
 
 async def wait_until_done(
@@ -84,7 +90,9 @@ async def wait_until_done(
     the dataset version, or a dead letter of the publish or generate stage."""
     started = time.monotonic()
     reader = DeadLetterReader(kafka)
-    console = RunConsole(kafka, partial(_say, show_progress))
+    # a bar on a terminal, a plain line every few seconds in a log (streams/core/meter.py)
+    meter = Meter("run", "prompt", len(expected)) if show_progress else None
+    console = RunConsole(kafka, partial(_say, meter))
     try:
         while True:
             # storage may be down or just back (a restarted S3 answers 500 for a moment): the
@@ -105,18 +113,15 @@ async def wait_until_done(
             upstream = tally.ids_before(TOKENIZE_STAGE)
             # every-turn conversations are done when each of their turns is
             done = len(finished(expected, figures.prompt_ids | upstream))
-            if show_progress:
-                print(
-                    f"\rsamples {figures.samples}, dropped {len(figures.drops) + len(upstream)}, "
-                    f"done {done}/{len(expected)}",
-                    end="",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            if meter is not None:
+                meter.update(done)
             if done == len(expected):
-                if show_progress:
-                    print(file=sys.stderr)
-                return RunResult(figures, tally, len(expected), time.monotonic() - started)
+                if meter is not None:
+                    meter.close(
+                        f"run: {done:,} prompts done: {figures.samples:,} samples, "
+                        f"{len(figures.drops) + len(upstream):,} dropped"
+                    )
+                return RunResult(figures, tally, set(expected), time.monotonic() - started)
             for worker in workers:
                 if not worker.alive():
                     raise RunFailed(exit_line(worker))
@@ -128,9 +133,13 @@ async def wait_until_done(
         await console.close()
 
 
-def _say(show_progress: bool, line: str) -> None:
-    """A console line of the run; over the progress line when there is one."""
-    print(("\r\x1b[K" if show_progress else "") + f"draftgen run: {line}", file=sys.stderr)
+def _say(meter: Meter | None, line: str) -> None:
+    """A console line of the run; above the progress bar when there is one."""
+    line = f"draftgen run: {line}"
+    if meter is not None:
+        meter.say(line)
+    else:
+        print(line, file=sys.stderr, flush=True)
 
 
 # what a worker's log says when it fails: the last such line is why it exited
@@ -202,13 +211,17 @@ def tokenize_group(existing: dict[str, Any] | None, kafka: KafkaSettings, datase
 
 
 def not_built_before(
-    existing: dict[str, Any] | None, store: ShardStore, before: list[str]
+    existing: dict[str, Any] | None,
+    store: ShardStore,
+    before: list[str],
+    earlier: set[str] | None = None,
 ) -> str | None:
     """Why the run cannot finish, if so: prompts generated before but missing from a version
-    that exists, whose group may have read past their completions."""
+    that exists, whose group may have read past their completions. Not those of `earlier`, the
+    prompts the version's workers were given before (a resumed run): the group kept them."""
     if existing is None or not before:
         return None
-    missing = set(before) - finished(before, dataset_figures(store).prompt_ids)
+    missing = set(before) - finished(before, dataset_figures(store).prompt_ids) - (earlier or set())
     if not missing:
         return None
     return (
@@ -219,14 +232,33 @@ def not_built_before(
 
 
 def run_pipeline(args: argparse.Namespace) -> int:
+    """`draftgen run`; an unfinished run of the same command is resumed (streams/cli/resume.py)."""
+    settings = build(RunSettings, args)
+    publishing = build(PublishSettings, args)
+    command = command_of(args)
+    workdir, resumed = choose_workdir(
+        settings.workdir, command, RUNS_DIR / time.strftime("%Y%m%d-%H%M%S")
+    )
+    try:
+        return _run(args, settings, publishing, workdir, RunRecord(command), resumed)
+    except KeyboardInterrupt:
+        print(f"draftgen run: {resume_hint(draftgen_command())}", file=sys.stderr)
+        raise
+
+
+def _run(
+    args: argparse.Namespace,
+    settings: RunSettings,
+    publishing: PublishSettings,
+    workdir: Path,
+    record: RunRecord,
+    resumed: bool,
+) -> int:
     from compose import zygote
     from compose.stack import LocalStack
     from producers.publish import publish
     from streams.core.tokenizers import load_tokenizer
 
-    settings = build(RunSettings, args)
-    publishing = build(PublishSettings, args)
-    workdir = Path(settings.workdir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")).resolve()
     out = settings.out or str(workdir / "out")
     tokenizer = str(settings.tokenizer_dir or bundled_tokenizer_dir())
     load_tokenizer(tokenizer)  # refuse to start on a bad tokenizer directory, before any service
@@ -240,6 +272,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
     # a running local stack (`draftgen stack up`) outlives the run: its broker keeps what
     # `status`, `dead-letters`, `replay` and `seal` read afterwards
     local = None if getattr(args, "bootstrap", None) else current_stack()
+    record.write(workdir)  # from here on, the same command resumes this run
     with LocalStack(workdir, forked=settings.fork) as stack:  # stops it all, also on Ctrl-C
         if settings.fork:
             zygote.start_in_background()  # imports the workers' modules while Kafka starts
@@ -267,15 +300,26 @@ def run_pipeline(args: argparse.Namespace) -> int:
                 storage.storage_options(),
                 regen=publishing.regen,
                 id_field=publishing.id_field,
+                skip_published=resumed,
             )
         )
         print(summary.line())
-        if refused := not_built_before(existing, store, summary.generated_ids):
-            raise CliError(refused)
-        # the version holds exactly the run's prompts: those generated now, and those generated
-        # before, built from their stored completions
-        prompts = {*summary.prompt_ids, *summary.generated_ids}
         prompts_file = workdir / "settings" / "prompts.json"
+        # a resumed run's version was filtered by the same prompts: its group read past none
+        earlier = set(orjson.loads(prompts_file.read_bytes())) if prompts_file.exists() else set()
+        if refused := not_built_before(existing, store, summary.generated_ids, earlier):
+            raise CliError(refused)
+        # the version holds exactly the run's prompts: those generated now, those on the topic
+        # waiting (a resumed run's), and those generated before, built from their stored
+        # completions
+        prompts = {*summary.prompt_ids, *summary.pending_ids, *summary.generated_ids}
+        if resumed:
+            print(
+                f"draftgen run: resuming dataset {settings.dataset} in {out}: "
+                f"{len(set(summary.generated_ids))} of {len(prompts)} prompts generated, "
+                f"{len(prompts) - len(set(summary.generated_ids))} to go",
+                file=sys.stderr,
+            )
         prompts_file.parent.mkdir(parents=True, exist_ok=True)
         prompts_file.write_bytes(orjson.dumps(sorted(prompts)))
 
@@ -314,11 +358,11 @@ def run_pipeline(args: argparse.Namespace) -> int:
                     prompts,
                     workers,
                     settings.timeout_s,
-                    show_progress=sys.stderr.isatty(),
                 )
             )
-            # from the topics, not from the workers' counts: every prompt published has an outcome
-            audited = asyncio.run(audit(kafka, progress=sys.stderr.isatty()))
+            # from the topics, not from the workers' counts: every prompt of this run published
+            # has an outcome
+            audited = asyncio.run(audit(kafka, progress=sys.stderr.isatty(), only=prompts))
         except RunFailed as err:
             raise CliError(str(err)) from None
     print_summary(result, store.url, workdir, before=len(set(summary.generated_ids)))
@@ -334,6 +378,8 @@ def run_pipeline(args: argparse.Namespace) -> int:
         broker_kept=local is not None or bool(getattr(args, "bootstrap", None)),
         topic_prefix=kafka.topic_prefix,
     )
+    record.finished = True
+    record.write(workdir)  # the same command now starts a new run
     return 0 if audited.missing == audited.pending else 1  # 1: a prompt lost
 
 
@@ -381,7 +427,7 @@ def print_next_steps(
     replay = ["--out", out, "--dataset", f"{dataset}-v2", "--tokenizer-dir", tokenizer]
     print(
         f"  rebuild (replay):  {command('replay', *replay, needs_broker=True)}"
-        "   (add --chat-template-file FILE; it keeps following new completions: Ctrl-C when done)"
+        "   (add --chat-template-file FILE; it ends once caught up, --follow keeps following)"
     )
     print(f"  seal the version:  {command('seal', *where, needs_broker=True)}")
     if broker is None:
@@ -425,10 +471,14 @@ def print_summary(result: RunResult, dataset_url: str, workdir: Path, before: in
     print(f"  policy drops {dropped} (by the sample policy, not failures)")
     for kind, count in policy:
         print(f"    {kind.removeprefix(POLICY_PREFIX)}: {count}")
-    upstream = {k: n for k, n in tally.by_reason.items() if k[0] != TOKENIZE_STAGE}
+    # this run's prompts' letters only; a kept stack's other runs' are one line at most
+    mine = tally.reasons_of(result.prompt_ids)
+    upstream = {k: n for k, n in mine.items() if k[0] != TOKENIZE_STAGE}
     errors = {(TOKENIZE_STAGE, k): n for k, n in drops.items() if not is_policy_drop(k)}
-    failed = len(tally.ids_before(TOKENIZE_STAGE)) + sum(errors.values())
+    failed = len(tally.ids_before(TOKENIZE_STAGE) & result.prompt_ids) + sum(errors.values())
     print(f"  dead letters {failed}")
     for (stage, kind), count in sorted({**upstream, **errors}.items()):
         print(f"    {stage}/{kind}: {count}")
+    if others := len(tally.prompt_ids - result.prompt_ids):
+        print(f"  (and {others} prompts of other runs on this stack: draftgen dead-letters)")
     print(f"  logs         {workdir / 'logs'}")

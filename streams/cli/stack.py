@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from compose.stack import serve_stack, start_stack, stop_stack
+    from compose.stack import serve_stack, start_stack, starting_supervisor, stop_stack
     from streams.core.stack_state import STATE_FILE, live_stack
 
     directory = build(StackSettings, args).path
@@ -37,12 +37,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"stack {'already ' if already else ''}up (supervisor pid {state.pid})")
     elif args.action == "down":
         stopped = stop_stack(directory)
-        print(f"stack down (was pid {stopped.pid})" if stopped else "no stack runs")
+        print(f"stack down (was pid {stopped})" if stopped else "no stack runs")
         return 0
     else:
         found = live_stack(directory)
         if found is None:
-            print("no stack runs: start one with `draftgen stack up`")
+            starting = starting_supervisor(directory)
+            print(
+                f"a stack is starting (supervisor pid {starting}): `draftgen stack up` waits for it"
+                if starting
+                else "no stack runs: start one with `draftgen stack up`"
+            )
             return 1
         state = found
         print(f"stack up (supervisor pid {state.pid})")

@@ -408,10 +408,12 @@ async def audit(
     listed: int = MAX_LISTED,
     store: ShardStore | None = None,
     dataset: str | None = None,
+    only: set[str] | None = None,
 ) -> AuditResult:
     """Every prompt in the prompts topic without an outcome; with `store` and `dataset`, under
     that version's settings, and the version's own check; `republish`: also send each of them
-    back to the prompts topic; `progress`: bars on stderr (for a terminal)."""
+    back to the prompts topic; `progress`: bars on stderr (for a terminal); `only`: of these
+    prompt ids alone (one run's, on a stack that holds others)."""
     prompts = TopicReader(kafka, kafka.topic(PROMPTS))
     sender: _Republisher | None = None
     try:
@@ -434,7 +436,8 @@ async def audit(
         with _bar(prompts, "prompts", progress) as bar:
             while not await prompts.caught_up():
                 batch = [r for r in await prompts.read() if r.offset < ends[r.partition]]
-                for record in check.prompts(batch):
+                mine = batch if only is None else [r for r in batch if _prompt_id(r) in only]
+                for record in check.prompts(mine):
                     if sender is not None:
                         await sender.send(record)
                 bar.update(len(batch))

@@ -5,11 +5,16 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 from sinks.shards import ShardStore
 from streams.core.records import DeadLetter, RecordError, is_policy_drop
 from streams.core.settings import DEAD_LETTERS, KafkaSettings
 from streams.core.topic_reader import TopicReader
+from streams.core.topics import on_admin
 
 
 @dataclass
@@ -73,11 +78,19 @@ class DeadLetterTally:
     policy_ids: set[str] = field(default_factory=set)
     # prompt ids by the stage that dead-lettered them
     stage_ids: dict[str, set[str]] = field(default_factory=dict)
+    # each prompt id's (stage, kind) of its letters: what one run's summary counts
+    reasons: dict[str, set[tuple[str, str]]] = field(default_factory=dict)
 
     def ids_before(self, stage: str) -> set[str]:
         """Prompt ids dead-lettered by any stage but `stage` (a dataset version records the
         tokenize stage's drops in its markers: those are its outcomes, once each)."""
         return set().union(*(ids for name, ids in self.stage_ids.items() if name != stage))
+
+    def reasons_of(self, prompt_ids: set[str]) -> Counter[tuple[str, str]]:
+        """(stage, kind) → how many of these prompts have such a letter."""
+        return Counter(
+            reason for prompt_id in prompt_ids for reason in self.reasons.get(prompt_id, ())
+        )
 
     letters: list[DeadLetter] = field(default_factory=list)
 
@@ -114,12 +127,53 @@ class DeadLetterReader:
         if letter.prompt_id:
             self.tally.prompt_ids.add(letter.prompt_id)
             self.tally.stage_ids.setdefault(letter.stage, set()).add(letter.prompt_id)
+            self.tally.reasons.setdefault(letter.prompt_id, set()).add((letter.stage, letter.kind))
             if is_policy_drop(letter.kind):
                 self.tally.policy_ids.add(letter.prompt_id)
         if self.keep_letters:
             self.tally.letters.append(letter)
         if self.on_letter is not None:
             self.on_letter(letter)
+
+    async def close(self) -> None:
+        await self._reader.close()
+
+
+class GroupProgress:
+    """How far a consumer group has got through a topic, against the topic's end when the
+    progress started: `done` of `total` records lie below the group's committed offsets (what
+    a tokenize worker commits only once their shards are). Joins no group."""
+
+    def __init__(self, kafka: KafkaSettings, group: str, topic: str):
+        self.kafka = kafka
+        self.group = group
+        self._reader = TopicReader(kafka, topic)
+        self._starts: dict[TopicPartition, int] = {}
+
+    async def start(self) -> None:
+        if await self._reader.open():  # no topic yet: nothing to catch up on
+            self._starts = await self._reader.starts()
+
+    @property
+    def total(self) -> int:
+        ends = self._reader.ends_at_open
+        return sum(max(end - self._starts.get(tp, 0), 0) for tp, end in ends.items())
+
+    async def done(self) -> int:
+        """Records of the topic (up to its end at start) the group has committed past."""
+        if not self._reader.is_open:
+            return 0
+
+        async def committed(admin: AIOKafkaAdminClient) -> dict[TopicPartition, Any]:
+            return dict(await admin.list_consumer_group_offsets(self.group))
+
+        offsets = await on_admin(self.kafka, f"reading the offsets of {self.group}", committed)
+        done = 0
+        for tp, end in self._reader.ends_at_open.items():
+            start = self._starts.get(tp, 0)
+            at = offsets[tp].offset if tp in offsets and offsets[tp].offset >= 0 else start
+            done += min(max(at - start, 0), end - start)
+        return done
 
     async def close(self) -> None:
         await self._reader.close()

@@ -11,6 +11,7 @@ import asyncio
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 
 import fsspec
 import orjson
@@ -99,6 +100,8 @@ class StatusProbe:
         servers = server_rows(beats.values(), now)
         groups = await self._groups(offsets)
         datasets = await asyncio.to_thread(self._datasets)
+        sealed = await asyncio.to_thread(self._sealed_groups)
+        groups = [replace(g, sealed=g.group in sealed) for g in groups]
 
         published = sum(offsets[PROMPTS][1].values())
         completions = sum(offsets[COMPLETIONS][1].values())
@@ -201,6 +204,17 @@ class StatusProbe:
         elif group.startswith(self.kafka.group(TOKENIZE_GROUP_PREFIX)):
             topics.add(COMPLETIONS)
         return sorted(topics, key=[PROMPTS, COMPLETIONS].index)
+
+    def _sealed_groups(self) -> set[str]:
+        """The tokenize groups of the sealed versions under --out."""
+        storage = self.settings.storage
+        if storage is None:
+            return set()
+        groups = set()
+        for name in find_datasets(storage):
+            if ShardStore(storage.out, name, storage.storage_options()).sealed() is not None:
+                groups.add(self._dataset_group(name))
+        return groups
 
     def _datasets(self) -> list[DatasetRow]:
         storage = self.settings.storage

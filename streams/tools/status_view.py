@@ -45,6 +45,8 @@ class GroupLag:
     committed: int  # summed over partitions; a partition with no commit counts from its start
     end: int
     lag: int
+    # a sealed version's group: done, whatever it has not read (no backlog: nothing waits)
+    sealed: bool = False
 
 
 @dataclass
@@ -327,9 +329,20 @@ def render_text(snapshot: StatusSnapshot) -> str:
 
     lines += ["", "consumer lag"]
     if s.groups:
+        # live groups first; a sealed version's group last, with no lag: nothing waits on it
+        ordered = sorted(s.groups, key=lambda g: g.sealed)
         lines += table(
             ["group", "topic", "committed", "end", "lag"],
-            [[g.group, g.topic, count(g.committed), count(g.end), count(g.lag)] for g in s.groups],
+            [
+                [
+                    g.group,
+                    g.topic,
+                    count(g.committed),
+                    count(g.end),
+                    "sealed" if g.sealed else count(g.lag),
+                ]
+                for g in ordered
+            ],
         )
     else:
         lines.append("  no consumer groups yet")
@@ -409,7 +422,13 @@ def to_json(snapshot: StatusSnapshot) -> dict[str, Any]:
         "datasets": {d.dataset: _without(asdict(d), "dataset") for d in s.datasets},
         "dead_letters": {"total": sum(s.dead_letters.values()), "by_stage": by_stage},
         "groups": {
-            g.group: {"topic": g.topic, "committed": g.committed, "end": g.end, "lag": g.lag}
+            g.group: {
+                "topic": g.topic,
+                "committed": g.committed,
+                "end": g.end,
+                "lag": None if g.sealed else g.lag,
+                "sealed": g.sealed,
+            }
             for g in s.groups
         },
         "servers": {r.server: _without(asdict(r), "server") for r in s.servers},

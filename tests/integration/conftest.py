@@ -263,7 +263,8 @@ class Pipeline:
         )
 
     def replay(self, dataset: str, *extra: str, name: str = "replay") -> ManagedProcess:
-        """`draftgen replay` of the completions topic into the version `dataset`."""
+        """`draftgen replay --follow` of the completions topic into the version `dataset`: a
+        worker that keeps following, as the tests' other workers do."""
         return self.stack.start_worker(
             name,
             [
@@ -278,6 +279,7 @@ class Pipeline:
                 dataset,
                 "--idle-flush",
                 "1",
+                "--follow",
                 *extra,
                 *self.common,
             ],

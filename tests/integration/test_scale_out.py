@@ -68,7 +68,7 @@ def produce(kafka: KafkaSettings, records: Iterable[CompletionRecord]) -> None:
 def replay(pipeline: Any, dataset: str, name: str, *extra: str) -> ManagedProcess:
     argv = ["--log-level", "INFO", "replay", "--tokenizer", str(pipeline.tokenizer_dir)]
     argv += ["--out", pipeline.out, "--dataset", dataset, "--idle-flush", "1"]
-    argv += ["--shard-records", "50", *pipeline.common, *extra]
+    argv += ["--shard-records", "50", "--follow", *pipeline.common, *extra]
     return pipeline.stack.start_worker(name, argv, env=pipeline.env)
 
 
@@ -247,3 +247,31 @@ def test_memory_stays_within_the_budget_whatever_the_backlog(pipeline) -> None:
     assert (peak() or 0) <= budget + 2 * size  # a record counts its bytes and decoded form
     rows = rows_by_prompt(pipeline.store("small"))
     assert len(rows) + len(pipeline.store("small").sealed().dropped) == len(records)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_replay_shows_its_progress_and_ends_once_caught_up(
+    pipeline, workers: int, tmp_path
+) -> None:
+    """Without --follow a replay ends by itself once its version holds every completion stored
+    when it started, with plain progress lines (no escape codes) when not on a terminal."""
+    ids = {f"p{i:05d}" for i in range(1, 121) if i % CUT_EVERY}  # none cut off: no drops
+    produce(pipeline.kafka, (completion(int(i[1:])) for i in sorted(ids)))
+    done = subprocess.run(
+        draftgen_argv(
+            "replay",
+            *("--tokenizer", str(pipeline.tokenizer_dir), "--out", pipeline.out),
+            *("--dataset", "ends", "--idle-flush", "1", "--workers", str(workers)),
+            *("--workdir", str(tmp_path / "replay"), *pipeline.common),
+        ),
+        env={**os.environ, **pipeline.env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stderr and "\r" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    expected = f"draftgen replay: caught up: {len(ids)} completions read, {len(ids)} samples"
+    assert last.startswith(expected), last
+    assert set(rows_by_prompt(pipeline.store("ends"))) == ids

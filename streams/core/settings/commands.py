@@ -302,7 +302,8 @@ class SealSettings(Settings):
 
 
 class ReplaySettings(Settings):
-    """`draftgen replay --workers N`: N replay workers on this machine."""
+    """`draftgen replay --workers N`: N replay workers on this machine, until the version has
+    caught up with the completions topic (or for good, `--follow`)."""
 
     workers: int = setting(
         1,
@@ -313,5 +314,11 @@ class ReplaySettings(Settings):
     workdir: str | None = setting(
         None,
         cli=True,
-        help="with --workers > 1: the workers' settings and logs (default runs/replay-<time>)",
+        help="the workers' settings and logs (default runs/replay-<time>)",
+    )
+    follow: bool = setting(
+        False,
+        cli=True,
+        help="keep following new completions once caught up (default: end when the version "
+        "holds every completion stored when the replay started)",
     )

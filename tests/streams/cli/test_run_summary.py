@@ -84,12 +84,25 @@ def test_summary_separates_policy_drops_from_dead_letters(
     figures.drops["r"] = "bad_tool_arguments"
     # the dead-letters topic may hold a tokenize letter twice (a crash before the marker):
     # the summary does not count those, only the earlier stages'
+    # and a kept stack holds other runs' letters ("other"): one line, not in this run's figures
     tally = DeadLetterTally(
-        by_reason=Counter({("tokenize", "policy_length"): 6, ("generate", "regen_stopped"): 1}),
-        prompt_ids={"p0", "h"},
-        stage_ids={"tokenize": {"p0"}, "generate": {"h"}},
+        by_reason=Counter(
+            {
+                ("tokenize", "policy_length"): 6,
+                ("generate", "regen_stopped"): 1,
+                ("publish", "bad_shape"): 2,
+            }
+        ),
+        prompt_ids={"p0", "h", "other"},
+        stage_ids={"tokenize": {"p0"}, "generate": {"h"}, "publish": {"other"}},
+        reasons={
+            "p0": {("tokenize", "policy_length")},
+            "h": {("generate", "regen_stopped")},
+            "other": {("publish", "bad_shape")},
+        },
     )
-    print_summary(RunResult(figures, tally, 40, 1.5), "s3://b/ds", Path("w"))
+    ids = {f"p{i}" for i in range(39)} | {"h"}
+    print_summary(RunResult(figures, tally, ids, 1.5), "s3://b/ds", Path("w"))
     out = capsys.readouterr().out
     assert "drift        4 of 37 compared samples (10.8%)" in out
     # the most frequent causes first, five at most
@@ -106,10 +119,12 @@ def test_summary_separates_policy_drops_from_dead_letters(
     assert (
         "dead letters 2\n    generate/regen_stopped: 1\n    tokenize/bad_tool_arguments: 1\n" in out
     )
+    assert "bad_shape" not in out
+    assert "(and 1 prompts of other runs on this stack: draftgen dead-letters)" in out
 
 
 def test_summary_says_when_drift_was_not_measured(capsys: pytest.CaptureFixture[str]) -> None:
-    print_summary(RunResult(DatasetFigures(), DeadLetterTally(), 0, 0.1), "x", Path("w"))
+    print_summary(RunResult(DatasetFigures(), DeadLetterTally(), set(), 0.1), "x", Path("w"))
     out = capsys.readouterr().out
     assert "drift        not measured" in out and "truncated" not in out
 
@@ -118,7 +133,12 @@ def test_summary_says_how_many_prompts_were_generated_now_and_before(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     figures = DatasetFigures(samples=41)
-    print_summary(RunResult(figures, DeadLetterTally(), 41, 2.0), "x", Path("w"), before=41)
+    print_summary(
+        RunResult(figures, DeadLetterTally(), {f"p{i}" for i in range(41)}, 2.0),
+        "x",
+        Path("w"),
+        before=41,
+    )
     out = capsys.readouterr().out
     assert "done in 2.0s: 41 prompts\n" in out
     assert "  prompts      0 generated now, 41 from before (built from their stored" in out

@@ -439,3 +439,23 @@ def test_a_versions_tokenize_group_is_the_one_its_manifest_names(tmp_path: Path)
     probe = StatusProbe(settings)  # no broker: only the manifests are read
     assert probe._dataset_group("v1") == "draftgen-tokenize-v1-ab12"  # `run` made its own group
     assert probe._dataset_group("v2") == "draftgen-tokenize-v2"  # no manifest: named after it
+
+
+def test_a_sealed_versions_group_shows_no_lag_and_comes_after_the_live_ones() -> None:
+    old = group_lag("p-draftgen-tokenize-v1", "completions", {0: 540}, {0: 0}, {0: 1000})
+    live = group_lag("p-draftgen-tokenize-v2", "completions", {0: 990}, {0: 0}, {0: 1000})
+    shown = dataclasses.replace(
+        snapshot(), groups=[dataclasses.replace(old, sealed=True), live, *snapshot().groups]
+    )
+    lines = render_text(shown).splitlines()
+    rows = lines[lines.index("consumer lag") + 2 :][:3]
+    assert [row.split()[0] for row in rows] == [
+        "p-draftgen-tokenize-v2",
+        "p-draftgen-generate",
+        "p-draftgen-tokenize-v1",
+    ]
+    assert rows[0].split()[-1] == "10" and rows[2].split()[-1] == "sealed"
+    groups = to_json(shown)["groups"]
+    assert groups["p-draftgen-tokenize-v1"]["lag"] is None
+    assert groups["p-draftgen-tokenize-v1"]["sealed"] is True
+    assert groups["p-draftgen-tokenize-v2"]["lag"] == 10

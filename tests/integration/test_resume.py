@@ -1,0 +1,173 @@
+"""A stopped `draftgen run` continues when the same command is given again.
+
+One command, stopped the way a user stops it at three moments and once killed outright, then
+given again each time from the same directory (no --workdir): while it publishes (Ctrl-C), mid-
+generation (kill -9 of the run and everything it started, as a lost machine), once every prompt
+is in the dataset but before the run has ended (Ctrl-C, during its audit and summary), and
+finally to its end. The dataset it ends with is the one an uninterrupted run builds: every
+prompt once, nothing lost; each prompt was published once and generated once (the prompts and
+completions topics hold one record per prompt)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from compose.stack import draftgen_argv
+from streams.core.settings import COMPLETIONS, PROMPTS, KafkaSettings
+from streams.tools.progress import dataset_figures
+from tests.polling import wait_for
+
+pytestmark = pytest.mark.integration
+
+PROMPT_COUNT = 60
+# blank lines after each prompt of the source: a slow source, so that publishing takes seconds
+# and can be interrupted half-way (blank lines are skipped, as in any JSONL file)
+PADDING = 300_000
+
+
+async def _topic_size(kafka: KafkaSettings, topic: str) -> int:
+    consumer = AIOKafkaConsumer(**kafka.aiokafka_kwargs(), enable_auto_commit=False)
+    await consumer.start()
+    try:
+        name = kafka.topic(topic)
+        await consumer._client.force_metadata_update()
+        ids = consumer.partitions_for_topic(name) or set()
+        ends = await consumer.end_offsets([TopicPartition(name, p) for p in ids])
+        return sum(ends.values())
+    finally:
+        await consumer.stop()
+
+
+def topic_size(kafka: KafkaSettings, topic: str) -> int:
+    return asyncio.run(_topic_size(kafka, topic))
+
+
+class Run:
+    """`draftgen run` in a process group of its own, in `cwd`, as a terminal starts it."""
+
+    def __init__(self, argv: list[str], cwd: Path, env: dict[str, str], name: str):
+        self.out = cwd / f"{name}.out"
+        self.err = cwd / f"{name}.err"
+        with self.out.open("wb") as out, self.err.open("wb") as err:
+            self.popen = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env={**os.environ, **env},
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+            )
+
+    def running(self) -> bool:
+        return self.popen.poll() is None
+
+    def text(self) -> str:
+        return self.out.read_text(errors="replace") + self.err.read_text(errors="replace")
+
+    def signal_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, sig)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.signal_group(signal.SIGKILL)
+            raise AssertionError(f"still running after {timeout:.0f}s:\n{self.text()}") from None
+
+
+def test_a_run_stopped_three_ways_resumes_to_the_dataset_of_an_uninterrupted_run(
+    pipeline, write_prompts, tmp_path: Path
+) -> None:
+    plain = write_prompts(PROMPT_COUNT, name="plain.jsonl")
+    lines = plain.read_bytes().splitlines()
+    ids = {orjson.loads(line)["id"] for line in lines}
+    source = tmp_path / "prompts.jsonl"
+    source.write_bytes(b"".join(line + b"\n" * PADDING for line in lines))
+    argv = draftgen_argv(
+        "run",
+        str(source),
+        "--out",
+        pipeline.out,
+        "--dataset",
+        "resumed",
+        "--emulator-tokens-per-s",
+        "150",
+        "--claim-s",
+        "6",
+        *pipeline.common,
+    )
+    kafka, store = pipeline.kafka, pipeline.store("resumed")
+    runs: list[Run] = []
+
+    def start() -> Run:
+        runs.append(Run(argv, tmp_path, pipeline.env, f"run-{len(runs)}"))
+        return runs[-1]
+
+    def prompt_ids() -> set[str]:
+        return dataset_figures(store).prompt_ids
+
+    try:
+        # 1. Ctrl-C while it publishes: some prompts on the topic, not all
+        first = start()
+        wait_for(
+            lambda: topic_size(kafka, PROMPTS) > 0 or not first.running(),
+            120,
+            "the first prompts on the topic",
+        )
+        first.signal_group(signal.SIGINT)
+        assert first.wait(120) == 130, first.text()
+        assert "published " not in first.text(), "interrupted after publishing, not during"
+        assert 0 < topic_size(kafka, PROMPTS) < PROMPT_COUNT
+        assert "to resume, run the same command again" in first.text()
+
+        # 2. kill -9 of the run and all it started, mid-generation
+        second = start()
+        wait_for(
+            lambda: topic_size(kafka, COMPLETIONS) >= 10 or not second.running(),
+            240,
+            lambda: f"generation under way:\n{second.text()}",
+        )
+        assert second.running(), second.text()
+        assert "resuming dataset resumed" in second.text()
+        second.signal_group(signal.SIGKILL)
+        second.wait(60)
+        assert topic_size(kafka, PROMPTS) == PROMPT_COUNT
+        assert topic_size(kafka, COMPLETIONS) < PROMPT_COUNT
+
+        # 3. Ctrl-C once every prompt is in the dataset, before the run has ended
+        third = start()
+        wait_for(
+            lambda: prompt_ids() >= ids or not third.running(),
+            300,
+            lambda: f"every prompt in the dataset:\n{third.text()}",
+        )
+        third.signal_group(signal.SIGINT)
+        assert third.wait(120) == 130, f"it ended before it was interrupted:\n{third.text()}"
+
+        # 4. to its end
+        last = start()
+        assert last.wait(300) == 0, last.text()
+        assert "resuming dataset resumed" in last.text()
+        assert f"{PROMPT_COUNT} of {PROMPT_COUNT} prompts generated, 0 to go" in last.text()
+        # the audit of this run's prompts
+        assert f"every prompt has an outcome ({PROMPT_COUNT} prompts)" in last.text()
+    finally:
+        for run in runs:
+            run.signal_group(signal.SIGKILL)
+
+    pipeline.assert_exactly_once(ids, dataset="resumed")
+    assert topic_size(kafka, PROMPTS) == PROMPT_COUNT  # each prompt published once
+    assert topic_size(kafka, COMPLETIONS) == PROMPT_COUNT  # and generated once
+    # one run directory: each resume took up the first one's
+    assert len(list((tmp_path / "runs").iterdir())) == 1
