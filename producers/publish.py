@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -27,6 +28,8 @@ log = logging.getLogger(__name__)
 STAGE = "publish"
 # Bounded number of sends awaiting the broker's acknowledgement.
 MAX_OUTSTANDING = 1000
+# how long reading the sources may hold the event loop before the producer gets a turn
+YIELD_EVERY_S = 0.05
 
 
 @dataclass
@@ -100,6 +103,7 @@ async def publish(
     dead_topic = kafka.topic(DEAD_LETTERS)
     meter = Meter("publish", "row", limit) if progress else None
     rows = 0
+    yielded = time.monotonic()
 
     async def send(topic: str, key: bytes, value: bytes) -> None:
         pending.add(await producer.send(topic, key=key, value=value))
@@ -137,6 +141,11 @@ async def publish(
             rows += 1
             if meter is not None:
                 meter.update(rows)
+            if time.monotonic() - yielded > YIELD_EVERY_S:
+                # reading a source blocks the loop: let the producer send what it has batched
+                # meanwhile (else a slow source's records reach the topic only at the end)
+                await asyncio.sleep(0)
+                yielded = time.monotonic()
         if pending:
             for future in await asyncio.gather(*pending, return_exceptions=True):
                 if isinstance(future, BaseException):
