@@ -99,7 +99,8 @@ async def watch(
     (or, following, until stopped); a worker that exits fails the replay."""
     progress = GroupProgress(settings.kafka, settings.consumer_group, COMPLETIONS)
     await progress.start()
-    meter = Meter(f"replay {settings.dataset}", "completion", progress.total)
+    total = progress.total  # the completions stored now: what the version must hold to end
+    meter = Meter(f"replay {settings.dataset}", "completion", total)
     try:
         while True:
             for worker in workers:
@@ -108,13 +109,13 @@ async def watch(
                     raise CliError(f"worker {worker.name} exited; see {worker.log_path}")
             done = await progress.done()
             meter.update(done)
-            if done >= progress.total and not follow:
+            if done >= total and not follow:
                 break
             await asyncio.sleep(POLL_S)
     finally:
         await progress.close()
     figures = await asyncio.to_thread(dataset_figures, store, keep_ids=False)
     meter.close(
-        f"draftgen replay: caught up: {progress.total:,} completions read, {figures.samples:,} "
+        f"draftgen replay: caught up: {total:,} completions read, {figures.samples:,} "
         f"samples in {figures.shards:,} shards of {store.url}"
     )

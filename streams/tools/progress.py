@@ -5,16 +5,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-from aiokafka import TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 
 from sinks.shards import ShardStore
 from streams.core.records import DeadLetter, RecordError, is_policy_drop
 from streams.core.settings import DEAD_LETTERS, KafkaSettings
 from streams.core.topic_reader import TopicReader
-from streams.core.topics import on_admin
+from streams.tools.seal import group_offsets
 
 
 @dataclass
@@ -147,32 +143,34 @@ class GroupProgress:
     def __init__(self, kafka: KafkaSettings, group: str, topic: str):
         self.kafka = kafka
         self.group = group
-        self._reader = TopicReader(kafka, topic)
-        self._starts: dict[TopicPartition, int] = {}
+        self.topic = kafka.topic(topic)
+        self._reader = TopicReader(kafka, self.topic)
+        self._ends: dict[int, int] = {}
+        self._starts: dict[int, int] = {}
 
     async def start(self) -> None:
-        if await self._reader.open():  # no topic yet: nothing to catch up on
-            self._starts = await self._reader.starts()
+        try:
+            if await self._reader.open():  # no topic yet: nothing to catch up on
+                starts = await self._reader.starts()
+                self._starts = {tp.partition: at for tp, at in starts.items()}
+                self._ends = {tp.partition: at for tp, at in self._reader.ends_at_open.items()}
+        finally:
+            await self._reader.close()
 
     @property
     def total(self) -> int:
-        ends = self._reader.ends_at_open
-        return sum(max(end - self._starts.get(tp, 0), 0) for tp, end in ends.items())
+        return sum(max(end - self._starts.get(p, 0), 0) for p, end in self._ends.items())
 
     async def done(self) -> int:
         """Records of the topic (up to its end at start) the group has committed past."""
-        if not self._reader.is_open:
+        if not self._ends:
             return 0
-
-        async def committed(admin: AIOKafkaAdminClient) -> dict[TopicPartition, Any]:
-            return dict(await admin.list_consumer_group_offsets(self.group))
-
-        offsets = await on_admin(self.kafka, f"reading the offsets of {self.group}", committed)
+        committed, _ = await group_offsets(self.kafka, self.group, self.topic)
         done = 0
-        for tp, end in self._reader.ends_at_open.items():
-            start = self._starts.get(tp, 0)
-            at = offsets[tp].offset if tp in offsets and offsets[tp].offset >= 0 else start
-            done += min(max(at - start, 0), end - start)
+        for partition, end in self._ends.items():
+            start = self._starts.get(partition, 0)
+            at = max(committed.get(partition, start), start)
+            done += min(at - start, end - start)
         return done
 
     async def close(self) -> None:

@@ -103,6 +103,7 @@ def test_status_and_metrics_match_the_true_counts(pipeline, write_prompts) -> No
         "committed": PROMPTS,
         "end": PROMPTS,
         "lag": 0,
+        "sealed": False,
     }
     assert groups[f"{prefix}draftgen-tokenize-{pipeline.dataset}"]["lag"] == 0
     assert report["eta"]["remaining"] == 0 and report["eta"]["seconds"] == 0

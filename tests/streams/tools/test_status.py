@@ -356,6 +356,7 @@ def test_json_shape() -> None:
         "committed": 1000,
         "end": 1234,
         "lag": 234,
+        "sealed": False,
     }
     assert data["servers"]["http://gpu-01:30000"]["in_flight"] == 16
     assert data["eta"]["seconds"] == 117.0
