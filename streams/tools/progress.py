@@ -147,6 +147,7 @@ class GroupProgress:
         self._reader = TopicReader(kafka, self.topic)
         self._ends: dict[int, int] = {}
         self._starts: dict[int, int] = {}
+        self._done = 0
 
     async def start(self) -> None:
         try:
@@ -165,12 +166,20 @@ class GroupProgress:
         """Records of the topic (up to its end at start) the group has committed past."""
         if not self._ends:
             return 0
-        committed, _ = await group_offsets(self.kafka, self.group, self.topic)
+        try:
+            committed, _ = await group_offsets(self.kafka, self.group, self.topic)
+        except Exception as err:
+            # a group not coordinated yet (its first join) or a broker moving leaders: as far
+            # as the last look said; the caller looks again
+            if getattr(err, "retriable", False):
+                return self._done
+            raise
         done = 0
         for partition, end in self._ends.items():
             start = self._starts.get(partition, 0)
             at = max(committed.get(partition, start), start)
             done += min(at - start, end - start)
+        self._done = done
         return done
 
     async def close(self) -> None:
