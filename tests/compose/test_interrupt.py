@@ -105,6 +105,8 @@ class Watched:
 
     argv: list[str]
     logs: Path
+    cwd: Path | None = None
+    env: dict[str, str] | None = None  # the whole environment (None: ours)
     popen: subprocess.Popen[bytes] = field(init=False)
     seen: dict[tuple[int, int], Proc] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
@@ -114,7 +116,13 @@ class Watched:
         self.logs.mkdir(parents=True, exist_ok=True)
         with (self.logs / "stdout").open("wb") as out, (self.logs / "stderr").open("wb") as err:
             self.popen = subprocess.Popen(
-                self.argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True
+                self.argv,
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=self.cwd,
+                env=self.env,
             )
         threading.Thread(target=self._watch, daemon=True).start()
 
@@ -165,6 +173,15 @@ class Watched:
             return self.popen.wait(timeout)
         except subprocess.TimeoutExpired:
             raise AssertionError(f"still running after {timeout:.0f}s:\n{self.output()}") from None
+
+    def running(self) -> bool:
+        return self.popen.poll() is None
+
+    def text(self) -> str:
+        """Everything it printed, stdout then stderr."""
+        return (self.logs / "stdout").read_text(errors="replace") + (
+            self.logs / "stderr"
+        ).read_text(errors="replace")
 
     def output(self) -> str:
         out = (self.logs / "stdout").read_text(errors="replace")

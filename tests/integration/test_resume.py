@@ -12,10 +12,8 @@ caught between its completion's write and its outcome's in the ledger, docs/fail
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
-import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from streams.core.normalize import make_prompt_record
 from streams.core.settings import COMPLETIONS, PROMPTS, KafkaSettings
 from streams.core.topic_reader import TopicReader
 from streams.tools.progress import dataset_figures
+from tests.compose.test_interrupt import Watched
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
@@ -74,41 +73,6 @@ def completion_keys(kafka: KafkaSettings) -> Counter[str]:
     return asyncio.run(_keys(kafka, COMPLETIONS))
 
 
-class Run:
-    """`draftgen run` in a process group of its own, in `cwd`, as a terminal starts it."""
-
-    def __init__(self, argv: list[str], cwd: Path, env: dict[str, str], name: str):
-        self.out = cwd / f"{name}.out"
-        self.err = cwd / f"{name}.err"
-        with self.out.open("wb") as out, self.err.open("wb") as err:
-            self.popen = subprocess.Popen(
-                argv,
-                cwd=cwd,
-                env={**os.environ, **env},
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-            )
-
-    def running(self) -> bool:
-        return self.popen.poll() is None
-
-    def text(self) -> str:
-        return self.out.read_text(errors="replace") + self.err.read_text(errors="replace")
-
-    def signal_group(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, sig)
-
-    def wait(self, timeout: float) -> int:
-        try:
-            return self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.signal_group(signal.SIGKILL)
-            raise AssertionError(f"still running after {timeout:.0f}s:\n{self.text()}") from None
-
-
 def test_a_run_stopped_three_ways_resumes_to_the_dataset_of_an_uninterrupted_run(
     pipeline, write_prompts, tmp_path: Path
 ) -> None:
@@ -136,10 +100,11 @@ def test_a_run_stopped_three_ways_resumes_to_the_dataset_of_an_uninterrupted_run
         *pipeline.common,
     )
     kafka, store = pipeline.kafka, pipeline.store("resumed")
-    runs: list[Run] = []
+    runs: list[Watched] = []
 
-    def start() -> Run:
-        runs.append(Run(argv, tmp_path, pipeline.env, f"run-{len(runs)}"))
+    def start() -> Watched:
+        logs = tmp_path / f"run-{len(runs)}"
+        runs.append(Watched(argv, logs, cwd=tmp_path, env={**os.environ, **pipeline.env}))
         return runs[-1]
 
     def prompt_ids() -> set[str]:
@@ -153,7 +118,7 @@ def test_a_run_stopped_three_ways_resumes_to_the_dataset_of_an_uninterrupted_run
             120,
             "the first prompts on the topic",
         )
-        first.signal_group(signal.SIGINT)
+        first.interrupt(signal.SIGINT)
         assert first.wait(120) == 130, first.text()
         assert "published " not in first.text(), "interrupted after publishing, not during"
         assert 0 < topic_size(kafka, PROMPTS) < PROMPT_COUNT
@@ -168,7 +133,7 @@ def test_a_run_stopped_three_ways_resumes_to_the_dataset_of_an_uninterrupted_run
         )
         assert second.running(), second.text()
         assert "resuming dataset resumed" in second.text()
-        second.signal_group(signal.SIGKILL)
+        second.interrupt(signal.SIGKILL)
         second.wait(60)
         assert topic_size(kafka, PROMPTS) == PROMPT_COUNT
         assert topic_size(kafka, COMPLETIONS) < PROMPT_COUNT
@@ -184,7 +149,7 @@ def test_a_run_stopped_three_ways_resumes_to_the_dataset_of_an_uninterrupted_run
             300,
             lambda: f"every prompt in the dataset:\n{third.text()}",
         )
-        third.signal_group(signal.SIGINT)
+        third.interrupt(signal.SIGINT)
         assert third.wait(120) == 130, f"it ended before it was interrupted:\n{third.text()}"
 
         # 4. to its end
@@ -196,7 +161,7 @@ def test_a_run_stopped_three_ways_resumes_to_the_dataset_of_an_uninterrupted_run
         assert f"every prompt has an outcome ({PROMPT_COUNT} prompts)" in last.text()
     finally:
         for run in runs:
-            run.signal_group(signal.SIGKILL)
+            run.clean_up()
 
     pipeline.assert_exactly_once(ids, dataset="resumed")
     assert topic_size(kafka, PROMPTS) == PROMPT_COUNT  # each prompt published once
