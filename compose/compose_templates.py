@@ -98,7 +98,7 @@ services:
       - tokenize
       - --bootstrap
       - {bootstrap}
-      - --tokenizer
+      - --tokenizer-dir
       - /tokenizer
       - --out
       - ${{DRAFTGEN_OUT:-s3://draftgen/data}}

@@ -124,7 +124,7 @@ class LocalStack:
             name,
             draftgen_argv(
                 "emulate-server",
-                "--tokenizer",
+                "--tokenizer-dir",
                 str(tokenizer_dir),
                 "--port",
                 str(port),

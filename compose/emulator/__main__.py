@@ -1,4 +1,4 @@
-"""`python -m compose.emulator --tokenizer DIR ...`: the flags of `draftgen emulate-server`."""
+"""`python -m compose.emulator --tokenizer-dir DIR ...`: the flags of `draftgen emulate-server`."""
 
 from __future__ import annotations
 

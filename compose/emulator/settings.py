@@ -191,11 +191,13 @@ def add_emulator_arguments(parser: argparse.ArgumentParser) -> None:
     d = EmulatorSettings(tokenizer_dir=Path("."))
     add = parser.add_argument
     add(
+        "--tokenizer-dir",
         "--tokenizer",
+        dest="tokenizer_dir",
         required=True,
         type=_existing("directory"),
         metavar="DIR",
-        help="tokenizer directory",
+        help="tokenizer directory (--tokenizer: the earlier spelling, accepted until 0.2)",
     )
     add("--host", default=d.host, help="address to listen on (default 127.0.0.1)")
     add(
@@ -372,7 +374,7 @@ def settings_from_args(args: argparse.Namespace) -> EmulatorSettings:
 
 def _settings(args: argparse.Namespace) -> EmulatorSettings:
     return EmulatorSettings(
-        tokenizer_dir=args.tokenizer,
+        tokenizer_dir=args.tokenizer_dir,
         host=args.host,
         port=args.port,
         model=args.model,

@@ -33,8 +33,8 @@ def run(args: argparse.Namespace) -> int:
     from streams.tools.export import ExportRules, FileSplit, export
     from streams.tools.export_formats import open_writer
 
-    if Path(settings.output).exists():
-        raise CliError(f"--output {settings.output} exists; remove it or choose another")
+    if Path(settings.to).exists():
+        raise CliError(f"--to {settings.to} exists; remove it or choose another")
     if declared.needs_completions and settings.kafka is None:
         raise CliError(
             f"--format {settings.format} reads the completions topic: give --bootstrap (or set "
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if declared.needs_completions and settings.kafka is not None:
         join = CompletionsJoin(settings.kafka)
     try:
-        writer = open_writer(settings.format, Path(settings.output))
+        writer = open_writer(settings.format, Path(settings.to))
         summary = export(reader, writer, rules, split, join)
     finally:
         if join is not None:

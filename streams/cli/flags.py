@@ -5,10 +5,10 @@ underscores, `--no-` for a bool that defaults to True, the singular for a list g
 item); its type, choices, range and default come from the field, so a setting is declared in
 one place. A setting that names a registry entry (`OneOf`, or a registry the command gives for
 a setting the settings cannot see: export's `--format`) offers the entries registered when the
-parser is built. Earlier spellings (`aliases`) are still accepted. Flags left out on the
-command line stay unset, so the environment (`DRAFTGEN_…`) and then the default apply, in that
-order. A bad value or a missing required setting is one line naming the flag and its
-environment variable.
+parser is built. Earlier spellings (`aliases`) are still accepted until 0.2, as the help says.
+Flags left out on the command line stay unset, so the environment (`DRAFTGEN_…`) and then the
+default apply, in that order. A bad value or a missing required setting is one line naming the
+flag and its environment variable.
 """
 
 from __future__ import annotations
@@ -170,7 +170,11 @@ def add_flags(
             shown = not field.is_required() and field.default not in (None, "")
             if shown and "default" not in help_text:
                 help_text = f"{help_text} (default {field.default})".lstrip()
-        parser.add_argument(flag, *extra.get("aliases", ()), help=help_text or None, **options)
+        aliases = extra.get("aliases", ())
+        if aliases:
+            earlier = ", ".join(aliases)
+            help_text = f"{help_text} ({earlier}: the earlier spelling, accepted until 0.2)"
+        parser.add_argument(flag, *aliases, help=help_text.strip() or None, **options)
 
 
 def given(

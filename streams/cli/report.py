@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         totals=totals,
         tokenizer=tokenizer,
     )
-    output = Path(settings.output or f"report-{settings.dataset}")
+    output = Path(settings.to or f"report-{settings.dataset}")
     written = write_report(report, output, token_counts=totals.token_counts)
     print(
         f"{report['samples']} samples, {report['tokens']} tokens "

@@ -174,7 +174,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, RunSettings)
     add_flags(parser, KafkaSettings)
     add_flags(parser, PublishSettings, only=["limit", "regen", "id_field"])
-    # `run`'s own --tokenizer serves both stages
+    # `run`'s own --tokenizer-dir serves both stages
     add_flags(parser, GenerateSettings, skip=["server", "kafka", "instance_id", "tokenizer_dir"])
     add_flags(parser, TokenizeSettings, only=TOKENIZE_FLAGS)
     parser.set_defaults(handler=run_pipeline)
@@ -413,7 +413,7 @@ def print_next_steps(
     where = ["--out", out, "--dataset", dataset]
     print("next:")
     print(f"  look at the data:  {command('report', *where, needs_broker=broker_kept)}")
-    export = [*where, "--format", "specforge", "--output", f"{dataset}.jsonl"]
+    export = [*where, "--format", "specforge", "--to", f"{dataset}.jsonl"]
     print(f"  export it:         {command('export', *export)}")
     if not broker_kept:
         up = shlex.join([*draftgen_command(), "stack", "up"])

@@ -4,8 +4,10 @@ tokenize stage builds samples with it, the generate stage renders prompts for `-
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
+import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -46,7 +48,7 @@ def load_tokenizer(
             str(directory), trust_remote_code=True, local_files_only=True
         )
     except Exception as err:
-        reason = (str(err) or type(err).__name__).splitlines()[0][:300]
+        reason = missing_files(directory) or _one_line(str(err) or type(err).__name__)
         raise TokenizerDirError(f"cannot load a tokenizer from {directory}: {reason}") from None
     template = read_chat_template(directory)
     if chat_template_file:
@@ -67,6 +69,54 @@ def load_tokenizer(
         template_sha256=hashlib.sha256(template.encode()).hexdigest(),
         directory=directory,
     )
+
+
+# the files a vocabulary is read from, by the tokenizer classes transformers ships
+_VOCABULARIES = ("tokenizer.json", "vocab.json", "tiktoken.model", "tokenizer.model", "vocab.txt")
+# a remote-code tokenizer names its own: `VOCAB_FILES_NAMES = {"vocab_file": "tiktoken.model"}`
+_VOCAB_FILES_NAMES = re.compile(r"VOCAB_FILES_NAMES\s*=\s*\{([^}]*)\}")
+
+
+def missing_files(directory: Path) -> str | None:
+    """What a directory that failed to load lacks, in words (None: nothing we can name). Read
+    from the files alone: transformers' own message ends where its list of tried files would
+    begin (`… from one of: `)."""
+    config_path = directory / "tokenizer_config.json"
+    if not config_path.is_file():
+        if (directory / "tokenizer.json").is_file():
+            return None
+        return "it has neither tokenizer_config.json nor tokenizer.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError) as err:
+        return f"tokenizer_config.json is not JSON ({_one_line(str(err))})"
+    if not isinstance(config, dict):
+        return "tokenizer_config.json is not a JSON object"
+    auto_map = config.get("auto_map", {})
+    remote = auto_map.get("AutoTokenizer") if isinstance(auto_map, dict) else None
+    names = [n for n in remote if isinstance(n, str)] if isinstance(remote, list) else []
+    modules = [directory / f"{name.split('.')[0]}.py" for name in names]
+    absent = [m.name for m in modules if not m.is_file()]
+    if absent:
+        named = ", ".join(absent)
+        return f"its tokenizer_config.json names remote code {named}, which is not there"
+    wanted = [*_VOCABULARIES]
+    for module in modules:
+        found = _VOCAB_FILES_NAMES.search(module.read_text(errors="replace"))
+        if found:
+            wanted = re.findall(r":\s*[\"']([^\"']+)[\"']", found.group(1)) or wanted
+            break
+    present = [name for name in wanted if (directory / name).is_file()]
+    if not present:
+        return f"it has no vocabulary file ({' or '.join(wanted)})"
+    if present == ["vocab.json"] and not (directory / "merges.txt").is_file():
+        return "it has vocab.json but no merges.txt"
+    return None
+
+
+def _one_line(text: str) -> str:
+    """An exception's text on one line: every line of it, joined, at most 300 characters."""
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())[:300]
 
 
 @cache

@@ -44,7 +44,7 @@ __all__ = ["GenerateStats", "GenerateWorker", "generate_backoff", "ids_note", "l
 
 
 # what a worker whose server returns no exact ids can do instead
-NATIVE_HINT = "--api native --tokenizer DIR gets exact ids from its /generate"
+NATIVE_HINT = "--api native --tokenizer-dir DIR gets exact ids from its /generate"
 
 
 def ids_note(way: IdsWay | None) -> str:

@@ -16,7 +16,7 @@ from streams.generate.stats import AUTH, DOWN
 from streams.observe.heartbeat import Heartbeat, HeartbeatReader
 from streams.tools import worker_figures as fig
 
-NATIVE_HINT = "--api native --tokenizer DIR gets exact ids from its /generate"
+NATIVE_HINT = "--api native --tokenizer-dir DIR gets exact ids from its /generate"
 
 
 def _clock(at: float) -> str:

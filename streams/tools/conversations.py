@@ -112,7 +112,7 @@ def conversations_parquet(table: pa.Table) -> pa.Table:
 
 
 class ConversationsWriter(Writer):
-    """JSON lines of the joined rows' `json`, or Parquet for an `--output` ending in .parquet."""
+    """JSON lines of the joined rows' `json`, or Parquet for an `--to` ending in .parquet."""
 
     def __init__(self, name: str, output: Path):
         super().__init__(name, output)

@@ -11,14 +11,14 @@
   shard, and opened memory-mapped by `load_from_disk`); `parquet`: one Parquet file. Both keep
   every shard column (token lists cut to `--max-seq-len`, counts recomputed) plus `truncated`.
 - `conversations`: the completion behind each exported row, as OpenAI messages
-  (streams/tools/conversations.py); JSON lines, or Parquet for an `--output` ending in
+  (streams/tools/conversations.py); JSON lines, or Parquet for an `--to` ending in
   `.parquet`. The rules choose the rows as for the token formats; the conversation is whole.
 
 Each format is a `Writer` registered in streams/tools/export_formats.py, the one list of them.
 
 Filters (`--source`, `--finish-reason`, `--min-len`/`--max-len` on the stored length) are
 applied before the length rules. `--rows-per-file` / `--tokens-per-file` split the output into
-numbered files (`--output` is then a directory of `part-NNNNN.*`; for `hf`, the data files of
+numbered files (`--to` is then a directory of `part-NNNNN.*`; for `hf`, the data files of
 the one `save_to_disk` directory). Everything is vectorized per shard and written before the
 next shard is read: memory is one shard (plus, for `conversations`, its window's completions
 of the exported rows), whatever the version's size. The output is written beside its final
@@ -337,7 +337,7 @@ def _in_place(output: Path) -> Iterator[Path]:
     """A temporary directory beside `output`, whose entry named like it is renamed to it when
     the block succeeds."""
     if output.exists():
-        raise FileExistsError(f"{output} exists; remove it or choose another --output")
+        raise FileExistsError(f"{output} exists; remove it or choose another --to")
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
@@ -371,7 +371,7 @@ def _finish_hf(directory: Path, schema: pa.Schema) -> None:
 
 
 class Writer:
-    """How an export format writes `--output`: one file, or (split) a directory of numbered
+    """How an export format writes `--to`: one file, or (split) a directory of numbered
     parts; a `directory` format writes a directory of data files however it is split. Each
     part is opened by `open_part`; `finish` completes the output once every part is written.
     Registered under `name` in streams/tools/export_formats.py (`open_writer`)."""

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class ExportFormat:
     help: str  # what it writes, for `--format`'s help
-    # the writer's class (taking the name and `--output`), imported when an export is written
+    # the writer's class (taking the name and `--to`), imported when an export is written
     writer: Callable[[], Callable[[str, Path], Writer]]
     # each row is joined with the completion behind it, read from the completions topic: the
     # command needs the broker
@@ -70,7 +70,7 @@ EXPORT_FORMATS: Registry[ExportFormat] = Registry(
             "conversations",
             ExportFormat(
                 "each sample's regenerated conversation (OpenAI messages) from the completions "
-                "topic, JSON lines (Parquet when --output ends in .parquet)",
+                "topic, JSON lines (Parquet when --to ends in .parquet)",
                 _conversations,
                 needs_completions=True,
             ),

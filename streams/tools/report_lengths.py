@@ -147,10 +147,10 @@ def load_report_tokenizer(tokenizer_dir: str | None) -> tuple[int | None, str, A
     """(the id that closes thinking or None, why, the tokenizer or None): the tokenizer also
     names the most frequent supervised tokens."""
     if not tokenizer_dir:
-        return None, "no tokenizer directory recorded in dataset.json (give --tokenizer)", None
+        return None, "no tokenizer directory recorded in dataset.json (give --tokenizer-dir)", None
     path = Path(tokenizer_dir)
     if not path.is_dir():
-        note = f"tokenizer directory {path} is not on this machine (give --tokenizer)"
+        note = f"tokenizer directory {path} is not on this machine (give --tokenizer-dir)"
         return None, note, None
     try:
         from transformers import AutoTokenizer

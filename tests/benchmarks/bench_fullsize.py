@@ -176,7 +176,7 @@ class Run:
 
     def replay(self, dataset: str, *flags: str) -> dict[str, Any]:
         argv = draftgen(
-            "replay", "--workers", str(self.args.workers), "--tokenizer", str(self.tokenizer),
+            "replay", "--workers", str(self.args.workers), "--tokenizer-dir", str(self.tokenizer),
             "--out", self.out, "--dataset", dataset, "--partitions", str(PARTITIONS),
             "--workdir", str(self.root / f"replay-{dataset}"), *self.common(), *flags,
         )  # fmt: skip
@@ -393,11 +393,11 @@ def rehearse(run: Run) -> None:
             run.log(f"{name} on S3: {seal['s3']}")
             if name == names[0]:  # export and report once: the same work for either version
                 export = run.root / "export.jsonl"
-                run.command("export", name, "--format", "specforge", "--output", str(export))
+                run.command("export", name, "--format", "specforge", "--to", str(export))
                 run.sampler.stages[-1]["output_bytes"] = export.stat().st_size
                 export.unlink()  # ~10 bytes a token: 19 GB at full size
                 report = run.root / "report"
-                run.command("report", name, "--output", str(report), *run.common())
+                run.command("report", name, "--to", str(report), *run.common())
                 figures = json.loads((report / "report.json").read_text())
                 result["report_figures"] = {k: figures[k] for k in list(figures)[:8]}
             run.checkpoint()

@@ -127,7 +127,7 @@ async def _timed(
 
 
 def _replay_argv(kafka: KafkaSettings, tokenizer: Path, out: Path, dataset: str) -> list[str]:
-    argv = ["replay", "--tokenizer", str(tokenizer), "--out", str(out), "--dataset", dataset]
+    argv = ["replay", "--tokenizer-dir", str(tokenizer), "--out", str(out), "--dataset", dataset]
     argv += ["--bootstrap", kafka.bootstrap, "--topic-prefix", kafka.topic_prefix]
     argv += ["--partitions", str(PARTITIONS), "--idle-flush", "2", "--heartbeat-interval", "0"]
     return argv

@@ -291,7 +291,7 @@ def run_one(
         "--bootstrap", bootstrap,
         "--topic-prefix", prefix,
         "--partitions", "16",
-        "--tokenizer", str(tokenizer),
+        "--tokenizer-dir", str(tokenizer),
         "--tokenize-workers", str(workers),
         "--out", str(out),
         "--dataset", dataset,

@@ -92,7 +92,7 @@ def main() -> int:
                 [
                     "worker",
                     "tokenize",
-                    "--tokenizer",
+                    "--tokenizer-dir",
                     str(tokenizer),
                     "--out",
                     "s3://soak/out",

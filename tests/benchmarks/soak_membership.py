@@ -378,7 +378,7 @@ def main() -> int:
                 server = servers[index % len(servers)]  # several workers may share a server
                 words = ["generate", "--server", server, "--concurrency", str(args.concurrency)]
             else:
-                words = ["tokenize", "--tokenizer", str(tokenizer), "--out", OUT]
+                words = ["tokenize", "--tokenizer-dir", str(tokenizer), "--out", OUT]
                 words += ["--dataset", DATASET, "--idle-flush", "2"]
             return ["--log-level", "INFO", "worker", *words, *common]
 
@@ -442,7 +442,7 @@ def main() -> int:
             "parquet",
             "--min-loss-run",
             "1",
-            "--output",
+            "--to",
             str(export_path),
             timeout=600,
         )

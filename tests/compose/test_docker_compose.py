@@ -63,7 +63,7 @@ def test_infrastructure_and_the_tokenize_worker(committed: dict[str, Any]) -> No
     assert {"kafka", "s3", "s3-init", "tokenize"} <= set(services)
     tokenize = command(services["tokenize"])
     assert tokenize[:2] == ["worker", "tokenize"]
-    assert "--tokenizer" in tokenize and "--out" in tokenize and "--dataset" in tokenize
+    assert "--tokenizer-dir" in tokenize and "--out" in tokenize and "--dataset" in tokenize
     assert services["tokenize"]["depends_on"]["s3-init"]["condition"] == (
         "service_completed_successfully"
     )

@@ -114,7 +114,7 @@ def test_long_tail_lengths(start_emulator: StartEmulator) -> None:
 def test_long_tail_flags(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     add_emulator_arguments(parser)
-    given = ["--tokenizer", str(tmp_path), "--long-fraction", "0.15"]
+    given = ["--tokenizer-dir", str(tmp_path), "--long-fraction", "0.15"]
     settings = settings_from_args(parser.parse_args([*given, "--long-output-tokens", "3000-6000"]))
     assert (settings.long_fraction, settings.long_output_tokens) == (0.15, (3000, 6000))
     assert EmulatorSettings(tokenizer_dir=tmp_path).long_fraction == 0.0  # off by default

@@ -239,7 +239,7 @@ def test_cli_flags_fill_settings(tmp_path: Path) -> None:
     add_emulator_arguments(parser)
     args = parser.parse_args(
         [
-            "--tokenizer", str(tmp_path / "my-model"),
+            "--tokenizer-dir", str(tmp_path / "my-model"),
             "--port", "31000",
             "--max-model-len", "4096",
             "--ids-style", "sglext",
@@ -292,7 +292,7 @@ def test_cli_flags_fill_settings(tmp_path: Path) -> None:
 
 def test_process_prints_ready_line_and_stops_on_sigterm(qwen36_tokenizer_dir: Path) -> None:
     port = free_port()
-    argv = [sys.executable, "-m", "compose.emulator", "--tokenizer", str(qwen36_tokenizer_dir)]
+    argv = [sys.executable, "-m", "compose.emulator", "--tokenizer-dir", str(qwen36_tokenizer_dir)]
     process = subprocess.Popen(
         [*argv, "--port", str(port)],
         stdout=subprocess.PIPE,

@@ -132,7 +132,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 
 def test_workers_refuse_to_start_with_one_line(pipeline, tmp_path: Path) -> None:
     base = ["worker", "tokenize", "--bootstrap", pipeline.bootstrap, "--dataset", "d"]
-    missing = run_cli(*base, "--tokenizer", str(tmp_path / "nope"), "--out", str(tmp_path))
+    missing = run_cli(*base, "--tokenizer-dir", str(tmp_path / "nope"), "--out", str(tmp_path))
     assert missing.returncode == 2
     assert missing.stderr.strip().count("\n") == 0, missing.stderr
     assert "does not exist" in missing.stderr and "nope" in missing.stderr
@@ -140,14 +140,14 @@ def test_workers_refuse_to_start_with_one_line(pipeline, tmp_path: Path) -> None
     unreadable = tmp_path / "broken-tokenizer"
     unreadable.mkdir()
     (unreadable / "tokenizer_config.json").write_text("{not json")
-    broken = run_cli(*base, "--tokenizer", str(unreadable), "--out", str(tmp_path))
+    broken = run_cli(*base, "--tokenizer-dir", str(unreadable), "--out", str(tmp_path))
     assert broken.returncode == 2 and "cannot load a tokenizer" in broken.stderr
     assert "Traceback" not in broken.stderr
 
     unreachable = {**pipeline.env, "DRAFTGEN_S3_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}
     no_bucket = run_cli(
         *base,
-        "--tokenizer",
+        "--tokenizer-dir",
         str(pipeline.tokenizer_dir),
         "--out",
         "s3://draftgen-test/x",

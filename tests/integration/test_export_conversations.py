@@ -130,7 +130,7 @@ def test_conversations_are_the_completions_that_became_the_samples(
 
     def export(name: str, *flags: str, fmt: str = "conversations") -> Path:
         path = tmp_path / name
-        assert main(["export", *where, "--format", fmt, "--output", str(path), *flags]) == 0
+        assert main(["export", *where, "--format", fmt, "--to", str(path), *flags]) == 0
         return path
 
     # the version's samples, one line each, in the version's order, from the latest answer
@@ -145,7 +145,7 @@ def test_conversations_are_the_completions_that_became_the_samples(
 
     # without a broker: one line, no traceback
     monkeypatch.delenv("DRAFTGEN_BOOTSTRAP", raising=False)
-    assert main(["export", *where, "--format", "conversations", "--output",
+    assert main(["export", *where, "--format", "conversations", "--to",
                  str(tmp_path / "nobroker.jsonl")]) == 2  # fmt: skip
 
     # the same filters as the token formats keep the same prompts

@@ -148,7 +148,7 @@ def test_kill_generate_worker_with_requests_in_flight(pipeline, write_prompts, t
     # port (the same --server: the same static member, the same settings)
     server.kill()
     port = url.rpartition(":")[2]
-    fast = ("emulate-server", "--tokenizer", str(pipeline.tokenizer_dir), "--port", port)
+    fast = ("emulate-server", "--tokenizer-dir", str(pipeline.tokenizer_dir), "--port", port)
     pipeline.stack.start_worker("emulator-fast", [*fast, *served, "--tokens-per-s", "4000"])
     wait_for(lambda: emulator_stats(url), 120, "the server back at full speed", ignore=(OSError,))
     expected = set(summary.prompt_ids) | set(probed.prompt_ids)

@@ -87,7 +87,7 @@ def check_exports(pipeline: Any, table: Any, tmp_path: Path, monkeypatch: Any) -
     limit = sorted(r["num_tokens"] for r in rows.values())[len(rows) // 2]  # cuts half of them
 
     jsonl = tmp_path / "train.jsonl"
-    assert main(["export", *where, "--format", "specforge", "--output", str(jsonl),
+    assert main(["export", *where, "--format", "specforge", "--to", str(jsonl),
                  "--max-seq-len", str(limit)]) == 0  # fmt: skip
     lines = [json.loads(line) for line in jsonl.read_text().splitlines()]
     assert set(lines[0]) == {"prompt_id", "input_ids", "loss_mask"}
@@ -101,14 +101,14 @@ def check_exports(pipeline: Any, table: Any, tmp_path: Path, monkeypatch: Any) -
     }
 
     hf = tmp_path / "hf"
-    assert main(["export", *where, "--format", "hf", "--output", str(hf)]) == 0
+    assert main(["export", *where, "--format", "hf", "--to", str(hf)]) == 0
     saved = datasets.load_from_disk(str(hf))
     assert saved.num_rows == len(rows)
     assert saved["prompt_id"] == table["prompt_id"].to_pylist()
     assert saved[0]["input_ids"] == table["input_ids"][0].as_py()
 
     parquet = tmp_path / "rows.parquet"
-    assert main(["export", *where, "--format", "parquet", "--output", str(parquet),
+    assert main(["export", *where, "--format", "parquet", "--to", str(parquet),
                  "--finish-reason", "stop"]) == 0  # fmt: skip
     read = pq.read_table(parquet)
     assert sorted(read["prompt_id"].to_pylist()) == sorted(
@@ -121,7 +121,7 @@ def check_report(pipeline: Any, table: Any, tmp_path: Path) -> dict[str, Any]:
     output = tmp_path / "report"
     broker = ["--bootstrap", pipeline.bootstrap, "--topic-prefix", pipeline.prefix]
     assert main(["report", "--out", pipeline.out, "--dataset", pipeline.dataset,
-                 "--output", str(output), *broker]) == 0  # fmt: skip
+                 "--to", str(output), *broker]) == 0  # fmt: skip
     report = orjson.loads((output / "report.json").read_bytes())
     assert report["samples"] == table.num_rows
     assert report["tokens"] == sum(table["num_tokens"].to_pylist())

@@ -45,7 +45,7 @@ def test_replay_with_a_fixed_template(pipeline, write_prompts, tmp_path) -> None
     refused = subprocess.run(
         draftgen_argv(
             "replay",
-            "--tokenizer",
+            "--tokenizer-dir",
             str(pipeline.tokenizer_dir),
             "--out",
             pipeline.out,

@@ -57,7 +57,7 @@ def cli(pipeline: Any, *args: str, timeout: float = 300) -> str:
 def report(pipeline: Any, tmp_path: Path, name: str, *extra: str) -> dict[str, Any]:
     output = tmp_path / name
     argv = ["report", "--out", pipeline.out, "--dataset", pipeline.dataset]
-    assert main([*argv, "--output", str(output), *extra]) == 0
+    assert main([*argv, "--to", str(output), *extra]) == 0
     figures: dict[str, Any] = orjson.loads((output / "report.json").read_bytes())
     figures["html"] = (output / "report.html").read_text()
     return figures

@@ -74,7 +74,7 @@ def test_run_says_on_its_console_that_its_server_is_down_and_when_it_is_back(
 
     pipeline.stack.start_worker(
         "late-server",
-        ["emulate-server", "--tokenizer", str(bundled_tokenizer_dir()), "--port", str(port)],
+        ["emulate-server", "--tokenizer-dir", str(bundled_tokenizer_dir()), "--port", str(port)],
     )
     wait_for(lambda: not run.alive(), 300, lambda: f"the run to end:\n{run.tail()}")
     text = console.read_text()

@@ -66,7 +66,7 @@ def produce(kafka: KafkaSettings, records: Iterable[CompletionRecord]) -> None:
 
 
 def replay(pipeline: Any, dataset: str, name: str, *extra: str) -> ManagedProcess:
-    argv = ["--log-level", "INFO", "replay", "--tokenizer", str(pipeline.tokenizer_dir)]
+    argv = ["--log-level", "INFO", "replay", "--tokenizer-dir", str(pipeline.tokenizer_dir)]
     argv += ["--out", pipeline.out, "--dataset", dataset, "--idle-flush", "1"]
     argv += ["--shard-records", "50", "--follow", *pipeline.common, *extra]
     return pipeline.stack.start_worker(name, argv, env=pipeline.env)
@@ -260,7 +260,7 @@ def test_replay_shows_its_progress_and_ends_once_caught_up(
     done = subprocess.run(
         draftgen_argv(
             "replay",
-            *("--tokenizer", str(pipeline.tokenizer_dir), "--out", pipeline.out),
+            *("--tokenizer-dir", str(pipeline.tokenizer_dir), "--out", pipeline.out),
             *("--dataset", "ends", "--idle-flush", "1", "--workers", str(workers)),
             *("--workdir", str(tmp_path / "replay"), *pipeline.common),
         ),

@@ -58,7 +58,7 @@ def test_a_sealed_version_stays_sealed(pipeline, write_prompts) -> None:
         draftgen_argv(
             "worker",
             "tokenize",
-            "--tokenizer",
+            "--tokenizer-dir",
             str(pipeline.tokenizer_dir),
             "--out",
             pipeline.out,

@@ -225,8 +225,11 @@ class ExportSettings(Settings):
     # a name in streams/tools/export_formats.py EXPORT_FORMATS, which offers the choices and
     # their help; the command line checks it (these settings sit below the registry)
     format: str = setting(cli=True, help="what to write")
-    output: str = setting(
+    to: str = setting(
         cli=True,
+        aliases=("--output",),
+        env=("DRAFTGEN_EXPORT_TO", "DRAFTGEN_EXPORT_OUTPUT"),
+        metavar="PATH",
         help="the file or directory (a format that writes one, such as hf, or any format "
         "split by --rows-per-file/--tokens-per-file) to write; new",
     )
@@ -269,9 +272,12 @@ class ReportSettings(Settings):
 
     storage: StorageSettings
     dataset: DatasetName = dataset_setting()
-    output: str | None = setting(
+    to: str | None = setting(
         None,
         cli=True,
+        aliases=("--output",),
+        env=("DRAFTGEN_REPORT_TO", "DRAFTGEN_REPORT_OUTPUT"),
+        metavar="DIR",
         help="directory for report.json, the PNG plots and report.html (default report-DATASET)",
     )
     tokenizer_dir: TokenizerDir | None = setting(

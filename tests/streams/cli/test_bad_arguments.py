@@ -49,12 +49,12 @@ def generate(*flags: str) -> tuple[str, ...]:
 
 
 def tokenize(*flags: str) -> tuple[str, ...]:
-    base = ("worker", "tokenize", "--tokenizer", TOKENIZER, "--dataset", "v")
+    base = ("worker", "tokenize", "--tokenizer-dir", TOKENIZER, "--dataset", "v")
     return (*base, "--bootstrap", BOOTSTRAP, *flags)
 
 
 def emulate(*flags: str) -> tuple[str, ...]:
-    return ("emulate-server", "--tokenizer", TOKENIZER, *flags)
+    return ("emulate-server", "--tokenizer-dir", TOKENIZER, *flags)
 
 
 CASES: dict[str, Case] = {
@@ -74,7 +74,7 @@ CASES: dict[str, Case] = {
         generate(), "DRAFTGEN_KAFKA_SASL_MECHANISM", {"DRAFTGEN_KAFKA_SASL_MECHANISM": "BOGUS"}
     ),
     "emulator-tokenizer": Case(
-        ("emulate-server", "--tokenizer", "/nonexistent/tokenizer"), "--tokenizer"
+        ("emulate-server", "--tokenizer-dir", "/nonexistent/tokenizer"), "--tokenizer-dir"
     ),
     "emulator-port": Case(emulate("--port", "70000"), "--port"),
     "emulator-rate": Case(emulate("--fail-503-rate", "2"), "--fail-503-rate"),
@@ -122,13 +122,13 @@ CASES: dict[str, Case] = {
         ("seal", "--out", "o", "--dataset", "../evil", "--bootstrap", BOOTSTRAP), "--dataset"
     ),
     "dataset-export": Case(
-        ("export", "--out", "o", "--dataset", "../evil", "--format", "hf", "--output", "x"),
+        ("export", "--out", "o", "--dataset", "../evil", "--format", "hf", "--to", "x"),
         "--dataset",
     ),
     "dataset-report": Case(("report", "--out", "o", "--dataset", "../evil"), "--dataset"),
     # the storage settings missing as a whole: the flag that gives them, not their variable
     "export-no-out": Case(
-        ("export", "--dataset", "v", "--format", "hf", "--output", "x"), "--out is required"
+        ("export", "--dataset", "v", "--format", "hf", "--to", "x"), "--out is required"
     ),
     "dataset-env": Case(
         ("report", "--out", "o"), "DRAFTGEN_DATASET", {"DRAFTGEN_DATASET": "../evil"}
@@ -278,7 +278,7 @@ def test_a_port_in_use_is_one_line_and_status_1(tmp_path: Path) -> None:
         taken.listen()
         port = str(taken.getsockname()[1])
         result = draftgen(
-            ["emulate-server", "--tokenizer", TOKENIZER, "--port", port],
+            ["emulate-server", "--tokenizer-dir", TOKENIZER, "--port", port],
             clean_env(PYTHONPATH=str(ROOT)),
             tmp_path,
         )

@@ -51,7 +51,7 @@ def out(tmp_path: Path) -> str:
 
 def export(out: str, fmt: str, output: Path, *flags: str) -> int:
     where = ["--out", out, "--dataset", "v1"]
-    return main(["export", *where, "--format", fmt, "--output", str(output), *flags])
+    return main(["export", *where, "--format", fmt, "--to", str(output), *flags])
 
 
 def specforge_keeps(row: SampleRow, max_length: int, min_loss_tokens: int = 2) -> dict | None:
@@ -135,7 +135,7 @@ def test_an_existing_output_or_a_missing_version_is_one_line(
     assert path.read_text() == "keep me\n"
     assert "exists" in capsys.readouterr().err
     assert main(["export", "--out", out, "--dataset", "nope", "--format", "hf",
-                 "--output", str(tmp_path / "x")]) == 2  # fmt: skip
+                 "--to", str(tmp_path / "x")]) == 2  # fmt: skip
     assert "no dataset version 'nope'" in capsys.readouterr().err
 
 

@@ -23,8 +23,8 @@ def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
 @pytest.mark.parametrize(
     "command",
     [
-        ("worker", "tokenize", "--tokenizer", "TOK", "--out", "OUT", "--dataset"),
-        ("replay", "--tokenizer", "TOK", "--out", "OUT", "--dataset"),
+        ("worker", "tokenize", "--tokenizer-dir", "TOK", "--out", "OUT", "--dataset"),
+        ("replay", "--tokenizer-dir", "TOK", "--out", "OUT", "--dataset"),
         ("worker", "generate", "--server", "http://s", "--instance-id"),
         ("status", "--out", "OUT", "--dataset"),
         ("run", "--dataset"),

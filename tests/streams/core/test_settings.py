@@ -62,7 +62,7 @@ def test_a_setting_that_means_something_else_has_its_own_environment_name(
 
 
 def test_export_cuts_by_the_shared_length_rules_truncating_by_default() -> None:
-    export = ExportSettings(storage={"out": "o"}, dataset="v", format="hf", output="x")
+    export = ExportSettings(storage={"out": "o"}, dataset="v", format="hf", to="x")
     assert export.cut.on_max_seq_len == "truncate" and SamplePolicy().on_max_seq_len == "drop"
     assert set(SamplePolicy.model_fields) > set(type(export.cut).model_fields)
 

@@ -12,7 +12,8 @@ import pytest
 
 from streams.cli.run import print_next_steps
 from streams.core.settings import KafkaSettings, StackSettings, StorageSettings, current_stack
-from streams.core.stack_state import StackState, live_stack
+from streams.core.stack_state import StackState, live_stack, supervisor_alive
+from tests.polling import wait_for
 
 
 @pytest.fixture
@@ -22,6 +23,8 @@ def supervisor() -> Iterator[subprocess.Popen[bytes]]:
     process = subprocess.Popen(
         [sys.executable, "-c", code, "stack", "serve"], stdin=subprocess.PIPE
     )
+    # until it execs, the child's command line is still the parent's
+    wait_for(lambda: supervisor_alive(process.pid), 10, "the stand-in to exec")
     yield process
     process.kill()  # by its PID
     process.wait()

@@ -196,7 +196,7 @@ def test_the_command_line_and_the_settings_take_a_registered_family(
             tokenizer_dir="t", dataset="v", storage={"out": "o"}, kafka={"bootstrap": "h:1"}
         )
 
-    argv = ["worker", "tokenize", "--tokenizer", "t", "--dataset", "v", "--out", "o"]
+    argv = ["worker", "tokenize", "--tokenizer-dir", "t", "--dataset", "v", "--out", "o"]
     argv += ["--bootstrap", "h:1", "--family", "toy"]
     with registered(TOY):
         args = build_parser(argv).parse_args(argv)

@@ -137,5 +137,5 @@ def test_native_splits_tool_calls_as_the_chat_endpoint(
 
 
 def test_native_needs_a_tokenizer() -> None:
-    with pytest.raises(ValueError, match="--api native needs --tokenizer"):
+    with pytest.raises(ValueError, match="--api native needs --tokenizer-dir"):
         generate_settings("http://x", api="native")

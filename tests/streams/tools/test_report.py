@@ -84,7 +84,7 @@ def test_the_think_close_id_comes_from_the_tokenizer_or_the_reason_why_not(tmp_p
     assert token_id == by_content["</think>"] and "</think>" in note
     assert think_close_id(str(tmp_path / "gone")) == (
         None,
-        f"tokenizer directory {tmp_path / 'gone'} is not on this machine (give --tokenizer)",
+        f"tokenizer directory {tmp_path / 'gone'} is not on this machine (give --tokenizer-dir)",
     )
     assert think_close_id(None)[0] is None
 
@@ -309,8 +309,8 @@ def test_the_command_writes_json_pngs_and_a_self_contained_page(
 ) -> None:
     output = tmp_path / "report"
     out = str(tmp_path / "out")
-    argv = ["report", "--out", out, "--dataset", "v1", "--output", str(output)]
-    assert main([*argv, "--tokenizer", str(BUNDLED_QWEN36)]) == 0
+    argv = ["report", "--out", out, "--dataset", "v1", "--to", str(output)]
+    assert main([*argv, "--tokenizer-dir", str(BUNDLED_QWEN36)]) == 0
     report = orjson.loads((output / "report.json").read_bytes())
     assert report["samples"] == 4 and report["reasoning_split"]["computed"] is True
     assert "not recorded: by_source.drop_rate, errors.upstream" in capsys.readouterr().out
@@ -388,7 +388,7 @@ def dark_pixels(path: Path) -> int:
 def test_headless_chromium_renders_every_plot(store: ShardStore, tmp_path: Path) -> None:
     browser = _chromium()
     output = tmp_path / "report"
-    main(["report", "--out", str(tmp_path / "out"), "--dataset", "v1", "--output", str(output)])
+    main(["report", "--out", str(tmp_path / "out"), "--dataset", "v1", "--to", str(output)])
     page = (output / "report.html").read_text()
     probed = tmp_path / "probed.html"
     probed.write_text(page.replace("</body>", PROBE.replace("DARK", str(DARK)) + "</body>"))
