@@ -226,6 +226,12 @@ def run_worker(app: faust.App, loglevel: str = "WARNING") -> None:
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _dump_tasks)
 
     class QuietWorker(Worker):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            if not self.stdout.isatty():
+                # faust's start-up spinner writes cursor codes whatever its output is
+                self.spinner = None
+
         def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
             # mode's signal after it replaced the root handlers: filter the new ones
             super().on_setup_root_logger(logger, level)
