@@ -12,7 +12,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from producers.sources import HF_PREFIX, Row, SourceSpec, mix_sources, row_error
+from producers.sources import HF_PREFIX, Row, SourceSpec, count_rows, mix_sources, row_error
 from streams.core.delivery import letter_output
 from streams.core.ledger import REGENERATE, generated_prompt_ids, read_generated
 from streams.core.meter import Meter
@@ -102,6 +102,9 @@ async def publish(
     pending: set[asyncio.Future[Any]] = set()
     dead_topic = kafka.topic(DEAD_LETTERS)
     meter = Meter("publish", "row", limit) if progress else None
+    # the meter's total: the sources' rows where their formats count them cheaply, counted in
+    # a thread beside the publish
+    total = asyncio.ensure_future(asyncio.to_thread(rows_to_publish, specs, limit, storage_options))
     rows = 0
     yielded = time.monotonic()
 
@@ -140,7 +143,7 @@ async def publish(
             )
             rows += 1
             if meter is not None:
-                meter.update(rows)
+                meter.update(rows, total.result() if total.done() else None)
             if time.monotonic() - yielded > YIELD_EVERY_S:
                 # reading a source blocks the loop: let the producer send what it has batched
                 # meanwhile (else a slow source's records reach the topic only at the end)
@@ -152,10 +155,22 @@ async def publish(
                     raise future
         await producer.flush()
     finally:
+        total.cancel()
         if meter is not None:
             meter.close("")  # the caller prints the summary
         await producer.stop()
     return summary
+
+
+def rows_to_publish(
+    specs: list[SourceSpec], limit: int | None, storage_options: dict[str, Any] | None
+) -> int | None:
+    """The rows a publish reads: the sources' count (`count_rows`) or `limit`, the smaller."""
+    try:
+        rows = count_rows(specs, storage_options)
+    except (OSError, ValueError):  # the read itself says what is wrong with a source
+        rows = None
+    return limit if rows is None else min(rows, limit if limit is not None else rows)
 
 
 async def _publish_row(

@@ -95,25 +95,54 @@ def iter_rows(
     options = storage_options or {}
     if spec.path.startswith(HF_PREFIX):
         return _iter_hf(spec.path[len(HF_PREFIX) :], options)
+    fs, path, files = _data_files(spec, options)
+    if files is not None:
+        return _iter_files(fs, files)
+    if _is_saved_dataset(fs, path):
+        return _iter_saved_dataset(spec.path, None, options)
+    # CSV, Arrow, a dataset card with configs, …: let `datasets` work it out
+    return _iter_load_dataset(spec.path, None, options)
+
+
+def count_rows(
+    specs: list[SourceSpec], storage_options: dict[str, Any] | None = None
+) -> int | None:
+    """How many rows `mix_sources` yields without a limit, when each source's format can say
+    without reading its rows (`SourceFormat.count`); None when one cannot."""
+    total = 0
+    for spec in specs:
+        if spec.path.startswith(HF_PREFIX):
+            return None
+        fs, _, files = _data_files(spec, storage_options or {})
+        if files is None:
+            return None
+        for path in files:
+            fmt = _format_of(path)
+            rows = fmt.count(fs, path) if fmt is not None else None
+            if rows is None:
+                return None
+            total += rows
+    return total
+
+
+def _data_files(spec: SourceSpec, options: dict[str, Any]) -> tuple[Any, str, list[str] | None]:
+    """The filesystem, the path in it and the data files of a file, a directory or a glob
+    (None: a directory that `datasets` reads instead); raises as `iter_rows` says."""
     fs, path = fsspec.core.url_to_fs(spec.path, **options)
     if any(ch in path for ch in "*?["):
         files = sorted(p for p in fs.glob(path) if _is_data_file(p))
         if not files:
             raise FileNotFoundError(f"no {'/'.join(SOURCE_FORMATS)} files match {spec.path}")
-        return _iter_files(fs, files)
+        return fs, path, files
     if fs.isdir(path):
         if _is_saved_dataset(fs, path):
-            return _iter_saved_dataset(spec.path, None, options)
-        files = sorted(p for p in fs.find(path) if _is_data_file(p))
-        if files:
-            return _iter_files(fs, files)
-        # CSV, Arrow, a dataset card with configs, …: let `datasets` work it out
-        return _iter_load_dataset(spec.path, None, options)
+            return fs, path, None
+        return fs, path, sorted(p for p in fs.find(path) if _is_data_file(p)) or None
     if not fs.exists(path):
         raise FileNotFoundError(f"source not found: {spec.path}")
     if not _is_data_file(path):
         raise ValueError(_unsupported(spec.path))
-    return _iter_files(fs, [path])
+    return fs, path, [path]
 
 
 def _unsupported(path: str) -> str:
@@ -201,6 +230,17 @@ def _iter_jsonl(fs: Any, path: str) -> Iterator[tuple[int, Row]]:
                 yield number, _parse_object(line)
 
 
+def _count_jsonl(fs: Any, path: str) -> int | None:
+    """The rows `_iter_jsonl` yields, without parsing them; on this machine's disk only (a
+    remote file would be downloaded twice)."""
+    if "file" not in fs.protocol:
+        return None
+    with _open(fs, path) as f:
+        lines = _iter_lines(f)
+        first = next(lines, b"").removeprefix(b"\xef\xbb\xbf")
+        return bool(first.strip()) + sum(1 for line in lines if line.strip())
+
+
 def _iter_json(fs: Any, path: str) -> Iterator[tuple[int, Row]]:
     with _open(fs, path) as f:
         data = f.read()
@@ -228,20 +268,32 @@ def _iter_parquet(fs: Any, path: str) -> Iterator[tuple[int, Row]]:
                 number += 1
 
 
+def _count_parquet(fs: Any, path: str) -> int | None:
+    with _open(fs, path) as f:
+        return int(pq.ParquetFile(f).metadata.num_rows)  # the footer only
+
+
+def _not_counted(fs: Any, path: str) -> int | None:
+    return None
+
+
 @dataclass(frozen=True)
 class SourceFormat:
     """A file format prompts are read from: its readers' rows, as `iter_rows` yields them."""
 
     extensions: tuple[str, ...]  # lowercase file name endings, before a compression suffix
     read: Callable[[Any, str], Iterator[tuple[int, Row]]]  # (fsspec filesystem, path)
+    # how many rows `read` will yield, when that is cheap to know before (publish's total);
+    # None: not known until read
+    count: Callable[[Any, str], int | None] = _not_counted
 
 
 SOURCE_FORMATS: Registry[SourceFormat] = Registry(
     "source format",
     [
-        ("jsonl", SourceFormat((".jsonl", ".ndjson"), _iter_jsonl)),
+        ("jsonl", SourceFormat((".jsonl", ".ndjson"), _iter_jsonl, _count_jsonl)),
         ("json", SourceFormat((".json",), _iter_json)),
-        ("parquet", SourceFormat((".parquet", ".pq"), _iter_parquet)),
+        ("parquet", SourceFormat((".parquet", ".pq"), _iter_parquet, _count_parquet)),
     ],
 )
 

@@ -447,3 +447,28 @@ def test_stopping_early_closes_the_readers(tmp_path: Path, monkeypatch: Any) -> 
     assert all(it.gi_frame is not None for it in opened)
     mixed.close()  # type: ignore[attr-defined]
     assert len(opened) == 2 and all(it.gi_frame is None for it in opened)
+
+
+def test_count_rows_is_what_the_readers_yield_where_a_format_can_count(tmp_path: Path) -> None:
+    """publish's total: JSON lines on this disk (blank lines, a BOM, gzip) and Parquet by its
+    footer; None for a format that cannot count without reading (a JSON array, the Hub)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.jsonl").write_bytes(
+        b"\xef\xbb\xbf" + b'{"prompt": "x"}\n\n  \nnot json\n{"prompt": "y"}'
+    )
+    with gzip.open(data / "b.jsonl.gz", "wt") as f:
+        f.write(json.dumps(prompt("z")) + "\n\n")
+    pq.write_table(pa.table({"prompt": [f"p{i}" for i in range(7)]}), data / "c.parquet")
+    specs = [SourceSpec(str(data)), SourceSpec(str(data / "*.parquet"))]
+    read = len(list(mix_sources(specs)))
+    assert read == 3 + 1 + 7 + 7
+    assert sources.count_rows(specs) == read
+    array = tmp_path / "d.json"
+    array.write_text(json.dumps([prompt("w")]))
+    assert sources.count_rows([*specs, SourceSpec(str(array))]) is None
+    assert sources.count_rows([SourceSpec("hf:org/name")]) is None
+    # a remote file is not read twice to count it
+    with fsspec.open("memory://count/e.jsonl", "wb") as f:
+        f.write(b'{"prompt": "m"}\n')
+    assert sources.count_rows([SourceSpec("memory://count/e.jsonl")]) is None
