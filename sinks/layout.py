@@ -8,7 +8,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_SHARD_NAME = re.compile(r"part-(\d{4})-(\d{12})-g(\d{8})\.(arrow|json)$")
+# a shard shared by the windows of one flush carries a token after the first window's key
+_SHARD_NAME = re.compile(r"part-(\d{4})-(\d{12})-g(\d{8})(?:-[0-9a-f]+)?\.(arrow|json)$")
 
 
 def shard_stem(partition: int, start_offset: int, generation: int = 0) -> str:
@@ -61,6 +62,13 @@ class DatasetLayout:
 
     def shard(self, partition: int, start_offset: int, generation: int = 0) -> str:
         return f"{self.data_dir}/{shard_stem(partition, start_offset, generation)}.arrow"
+
+    def shared_shard(self, partition: int, start_offset: int, generation: int, token: str) -> str:
+        """A shard holding several windows (one flush's), named after its first window and a
+        token of its own: a rewrite of that window after a crash must not replace the file
+        that other windows' markers point at."""
+        stem = shard_stem(partition, start_offset, generation)
+        return f"{self.data_dir}/{stem}-{token}.arrow"
 
     def marker(self, partition: int, start_offset: int, generation: int = 0) -> str:
         return f"{self.committed_dir}/{shard_stem(partition, start_offset, generation)}.json"

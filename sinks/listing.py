@@ -25,6 +25,8 @@ class ShardRef:
     generation: int = 0
     # the window's last completions offset (inclusive): where its rows' completions are
     end_offset: int = -1
+    # where the window's rows start in the file (a shard shared by the windows of one flush)
+    row_start: int = 0
 
     @property
     def key(self) -> tuple[int, int]:
@@ -49,13 +51,18 @@ def sealed_shards(store: ShardStore, manifest: SealedManifest) -> list[ShardRef]
             rows=entry.rows,
             sha256=entry.sha256,
             exclude=frozenset(entry.exclude),
-            generation=parse_shard_name(entry.path)[2],
+            generation=(
+                entry.generation
+                if entry.generation is not None
+                else parse_shard_name(entry.path)[2]
+            ),
             end_offset=entry.end_offset,
+            row_start=entry.row_start,
         )
         for entry in manifest.shards
         if entry.kept > 0
     ]
-    return sorted(refs, key=lambda ref: ref.key)
+    return sorted(refs, key=file_order)
 
 
 @dataclass
@@ -95,8 +102,16 @@ def resolved_shards(store: ShardStore, resolution: Resolution) -> list[ShardRef]
             exclude=frozenset(resolution.exclude.get(m.key, ())),
             generation=m.generation,
             end_offset=m.end_offset,
+            row_start=m.row_start,
         )
         for m in resolution.windows
         if m.rows > len(resolution.exclude.get(m.key, ()))
     ]
-    return sorted(refs, key=lambda ref: ref.key)
+    return sorted(refs, key=file_order)
+
+
+def file_order(ref: ShardRef) -> tuple[str, int]:
+    """Shards by file, then by place in it: a window's own file is named by its key, so those
+    come in (partition, start offset) order, and the windows of a shared file come together
+    (a reader opens it once)."""
+    return (ref.path, ref.row_start)

@@ -22,9 +22,13 @@ class ShardEntry:
     partition: int
     start_offset: int
     end_offset: int
-    rows: int  # rows in the file
+    rows: int  # the window's rows in the file
     sha256: str
     exclude: list[int] = field(default_factory=list)  # row indices not in the version
+    # the window's rows in a shard shared by a flush's windows (ShardMarker.row_start), and the
+    # writer's generation (None in older manifests: the path names it)
+    row_start: int = 0
+    generation: int | None = None
 
     @property
     def kept(self) -> int:

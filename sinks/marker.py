@@ -45,6 +45,11 @@ class ShardMarker:
     # per row (same order as prompt_ids): the SGLang preprocessing profile its prompt was
     # rendered with (streams/core/serving/; "" for completions written before profiles)
     row_normalizations: list[str] = field(default_factory=list)
+    # the shard file (in the data directory) when the window shares one with the other windows
+    # of its flush, and where its rows start in it; "": the window's own file
+    # (`DatasetLayout.shard`), from row 0. `sha256` is the file's.
+    shard: str = ""
+    row_start: int = 0
 
     @staticmethod
     def top_causes(causes: Iterable[str | None]) -> dict[str, int]:

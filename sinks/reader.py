@@ -67,6 +67,7 @@ class DatasetReader:
         self.store = store
         # for readers that open the shards by URL themselves (`datasets`)
         self.storage_options = dict(storage_options or {})
+        self._last: tuple[tuple[str, str], pa.Table] | None = None
 
     @property
     def name(self) -> str:
@@ -88,7 +89,7 @@ class DatasetReader:
         return SealedManifest.decode(raw)
 
     def shards(self) -> list[ShardRef]:
-        """The version's shards with rows, by (partition, start offset): the sealed manifest's,
+        """The version's shards with rows, in file order (`file_order`): the sealed manifest's,
         or else every committed one."""
         manifest = self.sealed()
         if manifest is not None:
@@ -112,6 +113,18 @@ class DatasetReader:
     def read_shard(self, ref: ShardRef, columns: Sequence[str] | None = None) -> pa.Table:
         """The shard's rows that belong to the version. Raises ShardChanged if its bytes are
         gone or not the ones promised."""
+        table = self._file(ref).slice(ref.row_start, ref.rows)
+        if ref.exclude:
+            keep = np.ones(table.num_rows, dtype=bool)
+            keep[[i for i in ref.exclude if i < table.num_rows]] = False
+            table = table.filter(pa.array(keep))
+        return table.select(list(columns)) if columns is not None else table
+
+    def _file(self, ref: ShardRef) -> pa.Table:
+        """The file's table; the last one read is kept, since the windows of a shared file come
+        one after another (`file_order`)."""
+        if self._last is not None and self._last[0] == (ref.path, ref.sha256):
+            return self._last[1]
         try:
             data = self.store.fs.cat_file(ref.path)
         except FileNotFoundError:
@@ -119,14 +132,11 @@ class DatasetReader:
         if ref.sha256 and hashlib.sha256(data).hexdigest() != ref.sha256:
             raise ShardChanged(f"{ref.path} is not the shard its marker or manifest describes")
         table = conform(pa.ipc.open_stream(pa.py_buffer(data)).read_all())
-        if ref.exclude:
-            keep = np.ones(table.num_rows, dtype=bool)
-            keep[[i for i in ref.exclude if i < table.num_rows]] = False
-            table = table.filter(pa.array(keep))
-        return table.select(list(columns)) if columns is not None else table
+        self._last = ((ref.path, ref.sha256), table)
+        return table
 
     def tables(self, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
-        """One table per shard, in (partition, start offset) order: bounded memory."""
+        """One table per shard, in file order (`file_order`): bounded memory."""
         for ref in self.shards():
             yield self.read_shard(ref, columns)
 
@@ -238,7 +248,7 @@ class SampleStream:
     """An iterable of samples (dicts: `input_ids` and `loss_mask` as numpy arrays, the other
     columns as Python values), shard by shard, for one slot of `world_size × num_workers`.
 
-    Slots: a sealed version's shards are dealt round-robin in (partition, start offset) order,
+    Slots: a sealed version's shards are dealt round-robin in file order,
     which balances them; otherwise each shard goes to the slot its key hashes to, which every
     rank computes alike whenever it lists, so slots stay disjoint and together complete while
     the version grows. Ranks can receive unequal sample counts: a trainer that needs equal steps

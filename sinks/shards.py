@@ -9,9 +9,10 @@ import hashlib
 import os
 import tempfile
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import fsspec
@@ -121,6 +122,18 @@ def table_to_ipc_stream(table: pa.Table) -> bytes:
     return bytes(sink.getvalue().to_pybytes())
 
 
+@dataclass(frozen=True)
+class WindowRows:
+    """A window's content as written: its offsets, its rows and its recorded drops."""
+
+    partition: int
+    start_offset: int
+    end_offset: int
+    rows: Sequence[SampleRow]
+    generation: int = 0
+    drops: dict[str, str] = field(default_factory=dict)
+
+
 class ShardStore:
     """One dataset version's shards and markers on an fsspec filesystem."""
 
@@ -164,36 +177,76 @@ class ShardStore:
         generation: int = 0,
         drops: dict[str, str] | None = None,
     ) -> ShardMarker:
-        """Write the shard, then its marker. A window with no samples gets a marker only."""
-        table = rows_to_table(rows)
-        data = table_to_ipc_stream(table)
-        if rows:
-            self._put(self.layout.shard(partition, start_offset, generation), data)
-        marker = ShardMarker(
-            partition=partition,
-            start_offset=start_offset,
-            end_offset=end_offset,
+        """Write one window: its shard, then its marker. A window with no samples gets a marker
+        only."""
+        window = WindowRows(partition, start_offset, end_offset, rows, generation, drops or {})
+        return self.write_windows([window])[0]
+
+    def write_windows(self, windows: Sequence[WindowRows]) -> list[ShardMarker]:
+        """Write the windows of one flush: one shard file for all their rows, durable first,
+        then a marker per window (its rows' place in the file). Each marker commits its own
+        window, so a crash between two markers leaves the later windows unmarked, as a crash
+        before a lone window's marker does. One window gets the file named by its key (a
+        rewrite replaces it); several share a file with a name of its own (`shared_shard`)."""
+        tables = [rows_to_table(window.rows) for window in windows]
+        filled = [w for w in windows if w.rows]
+        sha, name = "", ""
+        if filled:
+            data = table_to_ipc_stream(pa.concat_tables([t for t in tables if t.num_rows]))
+            sha = hashlib.sha256(data).hexdigest()
+            first = filled[0]
+            if len(filled) == 1:
+                path = self.layout.shard(first.partition, first.start_offset, first.generation)
+            else:
+                token = uuid.uuid4().hex[:12]
+                path = self.layout.shared_shard(
+                    first.partition, first.start_offset, first.generation, token
+                )
+                name = path.rpartition("/")[2]
+            self._put(path, data)
+        markers, row_start = [], 0
+        for window, table in zip(windows, tables, strict=True):
+            marker = self._marker(window, table, sha if window.rows else "", name, row_start)
+            row_start += len(window.rows)
+            self._put(
+                self.layout.marker(window.partition, window.start_offset, window.generation),
+                marker.encode(),
+            )
+            markers.append(marker)
+        return markers
+
+    @staticmethod
+    def _marker(
+        window: WindowRows, table: pa.Table, sha256: str, shard: str, row_start: int
+    ) -> ShardMarker:
+        rows = window.rows
+        return ShardMarker(
+            partition=window.partition,
+            start_offset=window.start_offset,
+            end_offset=window.end_offset,
             rows=len(rows),
             tokens=int(sum(r.num_tokens for r in rows)),
             loss_tokens=int(pa.compute.sum(table["num_loss_tokens"]).as_py() or 0),
-            sha256=hashlib.sha256(data).hexdigest() if rows else "",
+            sha256=sha256,
             prompt_ids=[r.prompt_id for r in rows],
             written_at=time.time(),
             compared=sum(r.drift is not None for r in rows),
             drifted=sum(r.drift is True for r in rows),
             truncated=sum(r.truncated for r in rows),
-            generation=generation,
-            drops=dict(drops or {}),
+            generation=window.generation,
+            drops=dict(window.drops),
             row_tokens=table["num_tokens"].to_pylist(),
             row_loss_tokens=table["num_loss_tokens"].to_pylist(),
             drift_causes=ShardMarker.top_causes(r.drift_cause for r in rows),
             row_normalizations=[r.normalization for r in rows],
+            shard=shard if rows else "",
+            row_start=row_start if shard and rows else 0,
         )
-        self._put(self.layout.marker(partition, start_offset, generation), marker.encode())
-        return marker
 
     def delete_window(self, partition: int, start_offset: int, generation: int = 0) -> None:
-        """Marker first, so a reader never sees the shard unmarked-but-trusted."""
+        """Marker first, so a reader never sees the shard unmarked-but-trusted. A shard the
+        window shared with others of its flush stays (theirs may count); without a marker
+        pointing at its rows, no reader reads them."""
         for path in (
             self.layout.marker(partition, start_offset, generation),
             self.layout.shard(partition, start_offset, generation),
@@ -275,6 +328,8 @@ class ShardStore:
                     rows=marker.rows,
                     sha256=marker.sha256,
                     exclude=list(excluded),
+                    row_start=marker.row_start,
+                    generation=marker.generation,
                 )
             )
         manifest = SealedManifest(
@@ -292,10 +347,14 @@ class ShardStore:
         return manifest
 
     def shard_path(self, marker: ShardMarker) -> str:
+        if marker.shard:
+            return f"{self.layout.data_dir}/{marker.shard}"
         return self.layout.shard(marker.partition, marker.start_offset, marker.generation)
 
     def committed_shard_paths(self) -> list[str]:
-        return [self.shard_path(m) for m in self.committed(keep_ids=False).windows if m.rows > 0]
+        """The files that hold committed windows, each once."""
+        windows = self.committed(keep_ids=False).windows
+        return list(dict.fromkeys(self.shard_path(m) for m in windows if m.rows > 0))
 
     def committed_shard_urls(self) -> list[str]:
         """Full URLs (with protocol) of committed shards, for pyarrow / datasets readers. A shard
@@ -303,8 +362,10 @@ class ShardStore:
         return [self.fs.unstrip_protocol(p) for p in self.committed_shard_paths()]
 
     def read_shard(self, marker: ShardMarker) -> pa.Table:
+        """The window's rows (all of them: `committed().exclude` says which do not count)."""
         with self.fs.open(self.shard_path(marker), "rb") as handle:
-            return conform(pa.ipc.open_stream(handle).read_all())
+            table = conform(pa.ipc.open_stream(handle).read_all())
+        return table.slice(marker.row_start, marker.rows)
 
     def manifest(self) -> dict[str, Any] | None:
         if not self.fs.exists(self.layout.manifest):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
 
-from sinks.shards import SampleRow, ShardMarker, ShardStore
+from sinks.shards import SampleRow, ShardMarker, ShardStore, WindowRows
 from streams.core.events import Event
 from streams.core.leases import Lease, Leases, Verdict
 from streams.core.retry import Backoff, backoff, until_done
@@ -141,24 +141,27 @@ class _Flushes:
 
     async def start(
         self,
-        tp: Hashable,
+        tps: list[Hashable],
         size: int,
-        write: Callable[[asyncio.Task[None] | None], Coroutine[Any, Any, None]],
+        write: Callable[[list[asyncio.Task[None]]], Coroutine[Any, Any, None]],
     ) -> None:
-        """Start `write(the partition's previous write)`; waits only while `MAX_FLUSHING` are
+        """Start `write(the partitions' previous writes)`; waits only while `MAX_FLUSHING` are
         busy."""
         self.bytes += size
         while len(self.tasks) >= MAX_FLUSHING:
             await self.wait_any()
-        task = asyncio.create_task(write(self.last.get(tp)))
+        previous = [self.last[tp] for tp in tps if tp in self.last]
+        task = asyncio.create_task(write(previous))
         self.tasks.append(task)
-        self.last[tp] = task
+        for tp in tps:
+            self.last[tp] = task
 
-    def ended(self, tp: Hashable, size: int) -> None:
+    def ended(self, tps: list[Hashable], size: int) -> None:
         """Called by a write as it ends, whatever the outcome."""
         self.bytes -= size
-        if self.last.get(tp) is asyncio.current_task():
-            del self.last[tp]
+        for tp in tps:
+            if self.last.get(tp) is asyncio.current_task():
+                del self.last[tp]
 
     async def wait_any(self) -> None:
         """Until a flush in flight ends (a cancelled caller does not cancel the writes)."""
@@ -181,12 +184,15 @@ class ShardSink(Generic[T]):
     window's shard and marker are durable, and every prompt id has one outcome (a row or a
     recorded drop), the one of its latest completion.
 
-    - Writing. A window is flushed at `max_records` events, `max_tokens` tokens, `idle_flush_s`
-      after it opened (continuous ingestion must not wait for the next record), or when all
-      open windows together hold more than `max_open_bytes` (the largest is flushed first). A
-      flush asks the stage for the rows and drops (`prepare`, which makes its dead letters
-      durable), writes the shard, then its marker, each one durable write, then calls
-      `committed`, then acks the window's events; faust commits acked offsets. Storage I/O is
+    - Writing. A window is flushed at `max_records` events, `max_tokens` tokens, or when all
+      open windows together hold more than `max_open_bytes` (the largest is flushed first);
+      and once a window has been open `idle_flush_s` (continuous ingestion must not wait for
+      the next record), every open window is flushed with it, into one shard, so that a slow
+      stream over many partitions writes a shard per `idle_flush_s`, not one per partition. A
+      flush asks the stage for each window's rows and drops (`prepare`, which makes its dead
+      letters durable), writes the shard, then a marker per window, each one durable write
+      (`ShardStore.write_windows`), then per window calls `committed` and acks its events;
+      faust commits acked offsets. Storage I/O is
       retried with backoff until it succeeds; the window stays unacked meanwhile. Flushes run
       in the background while intake goes on (the build and the write of one window overlap
       the decoding of the next), at most `MAX_FLUSHING` at a time; a partition's windows are
@@ -303,11 +309,12 @@ class ShardSink(Generic[T]):
                 await self._flushes.wait_any()
 
     async def flush_idle(self) -> None:
-        """Flush the windows open for `idle_flush_s` or longer (called by a timer)."""
+        """Once a window has been open for `idle_flush_s`, flush every open window, into one
+        shard (called by a timer)."""
         deadline = self.clock() - self.idle_flush_s
         async with self._lock:
-            for tp in [tp for tp, w in self._windows.items() if w.opened_at <= deadline]:
-                await self._flush(tp)
+            if any(w.opened_at <= deadline for w in self._windows.values()):
+                await self._flush(*self._windows)
 
     async def drain(self) -> None:
         """Wait for every flush in flight (a failed one raises here)."""
@@ -361,78 +368,80 @@ class ShardSink(Generic[T]):
             len(stale),
         )
 
-    async def _flush(self, tp: Hashable) -> None:
-        """Start writing the partition's window (`_Flushes.start`)."""
-        window = self._windows.pop(tp, None)
-        if window is None:
+    async def _flush(self, *tps: Hashable) -> None:
+        """Start writing the partitions' windows, into one shard (`_Flushes.start`)."""
+        batch = [(tp, w) for tp in tps if (w := self._windows.pop(tp, None)) is not None]
+        if not batch:
             return
-        self.stats.grow(-window.size)
-        await self._flushes.start(tp, window.size, partial(self._write, tp, window))
+        size = sum(window.size for _, window in batch)
+        self.stats.grow(-size)
+        await self._flushes.start([tp for tp, _ in batch], size, partial(self._write, batch))
 
     async def _write(
-        self, tp: Hashable, window: _Window[T], previous: asyncio.Task[None] | None
+        self, batch: list[tuple[Hashable, _Window[T]]], previous: list[asyncio.Task[None]]
     ) -> None:
         try:
-            if await self._fenced(window):
+            fenced = await self._fenced([window for _, window in batch])
+            live = [entry for entry, fence in zip(batch, fenced, strict=True) if not fence]
+            if not live:
                 return
-            prepared = await self.stage.prepare(window.items)
-            if previous is not None:
-                await asyncio.wait([previous])
-                if previous.cancelled() or previous.exception() is not None:
+            prepared = [await self.stage.prepare(window.items) for _, window in live]
+            if previous:
+                await asyncio.wait(previous)
+                if any(p.cancelled() or p.exception() is not None for p in previous):
                     # acking past an unacked window would commit its offsets (faust#606)
-                    raise RuntimeError(f"partition {window.partition}: an earlier write failed")
-            await self._commit(tp, window, prepared)
+                    partitions = ", ".join(str(window.partition) for _, window in live)
+                    raise RuntimeError(f"partitions {partitions}: an earlier write failed")
+            await self._commit(live, prepared)
         finally:
-            self._flushes.ended(tp, window.size)
+            self._flushes.ended([tp for tp, _ in batch], sum(w.size for _, w in batch))
 
-    async def _commit(self, tp: Hashable, window: _Window[T], prepared: Prepared) -> None:
-        marker = await self._io(
-            "writing a shard",
-            partial(
-                self.store.write_shard,
-                window.partition,
-                window.start_offset,
-                window.end_offset,
-                prepared.rows,
-                generation=window.generation,
-                drops=prepared.drops,
-            ),
-        )
-        if not self.leases.holds(window.lease):
-            return  # revoked while writing (maybe re-adopted since): never acked, redone
-        if await self._fenced(window):
-            # sealed while writing: never acked, so past the sealed offsets; not left behind
-            await self._io(
-                "removing a window written after the seal",
-                self.store.delete_window,
-                window.partition,
-                window.start_offset,
-                window.generation,
-            )
-            return
-        if not self.leases.holds(window.lease):
-            return  # revoked while the seal was checked: as above (no await from here on)
-        self.stage.committed(marker, window.items)
-        for event in window.events:
-            # in offset order, from the lease's start: raises on anything else (a bug)
-            self.leases.acked(window.lease, int(event.message.offset))
-            event.ack()
+    async def _commit(
+        self, batch: list[tuple[Hashable, _Window[T]]], prepared: list[Prepared]
+    ) -> None:
+        windows = [
+            WindowRows(w.partition, w.start_offset, w.end_offset, p.rows, w.generation, p.drops)
+            for (_, w), p in zip(batch, prepared, strict=True)
+        ]
+        markers = await self._io("writing a shard", self.store.write_windows, windows)
+        for (_, window), marker in zip(batch, markers, strict=True):
+            if not self.leases.holds(window.lease):
+                continue  # revoked while writing (maybe re-adopted since): never acked, redone
+            if (await self._fenced([window]))[0]:
+                # sealed while writing: never acked, so past the sealed offsets; not left behind
+                await self._io(
+                    "removing a window written after the seal",
+                    self.store.delete_window,
+                    window.partition,
+                    window.start_offset,
+                    window.generation,
+                )
+                continue
+            if not self.leases.holds(window.lease):
+                continue  # revoked while the seal was checked: as above (no await from here on)
+            self.stage.committed(marker, window.items)
+            for event in window.events:
+                # in offset order, from the lease's start: raises on anything else (a bug)
+                self.leases.acked(window.lease, int(event.message.offset))
+                event.ack()
 
-    async def _fenced(self, window: _Window[T]) -> bool:
-        """Whether the version is sealed (or being sealed) past this window: then the sink
+    async def _fenced(self, windows: list[_Window[T]]) -> list[bool]:
+        """Per window, whether the version is sealed (or being sealed) past it: then the sink
         stops, saying so once."""
-        if self.sealed is None:
-            if not await self._io("checking the seal", self.store.fenced):
-                return False
-            offsets = await self._io("reading the sealed offsets", self.store.sealed_offsets)
-            if offsets is not None and offsets.get(window.partition, 0) > window.end_offset:
-                return False  # covered by the seal (its offsets were committed before it)
-        if self.sealed is None:  # not said yet by a window checked at the same time
+        if self.sealed is not None:
+            return [True] * len(windows)
+        if not await self._io("checking the seal", self.store.fenced):
+            return [False] * len(windows)
+        offsets = await self._io("reading the sealed offsets", self.store.sealed_offsets)
+        # a window covered by the seal (its offsets were committed before it) is not fenced
+        fenced = [offsets is None or offsets.get(w.partition, 0) <= w.end_offset for w in windows]
+        first = next((w for w, fence in zip(windows, fenced, strict=True) if fence), None)
+        if first is not None and self.sealed is None:  # not said by a write checked meanwhile
             self.sealed = sealed_line(
-                self.store.layout.dataset, window.partition, window.start_offset
+                self.store.layout.dataset, first.partition, first.start_offset
             )
             self.on_sealed(self.sealed)
-        return True
+        return fenced
 
     async def _io(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         """Blocking storage I/O in a thread, waiting out outages with backoff."""

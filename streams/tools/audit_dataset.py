@@ -172,7 +172,8 @@ def load_windows(
     sealed version, each marked by whether the manifest lists its shard, its kept rows the
     manifest's."""
     manifest = store.sealed() if sealed else None
-    entries = {e.path: e for e in manifest.shards} if manifest is not None else {}
+    # a shard shared by a flush's windows holds each at its own row
+    entries = {(e.path, e.row_start): e for e in manifest.shards} if manifest is not None else {}
     base = store.layout.base + "/"
     windows: dict[int, list[Window]] = {}
     for markers in store.markers_by_partition():
@@ -183,7 +184,7 @@ def load_windows(
             excluded = set(resolution.exclude.get(marker.key, []))
             listed = True
             if manifest is not None and marker.rows:
-                entry = entries.get(store.shard_path(marker).removeprefix(base))
+                entry = entries.get((store.shard_path(marker).removeprefix(base), marker.row_start))
                 listed = entry is not None
                 excluded = set(entry.exclude) if entry is not None else excluded
             kept = [pid for i, pid in enumerate(marker.prompt_ids) if i not in excluded]

@@ -20,7 +20,7 @@ class DatasetFigures:
     samples: int = 0
     tokens: int = 0
     loss_tokens: int = 0
-    shards: int = 0
+    shards: int = 0  # files holding kept rows (a flush's windows share one)
     prompt_ids: set[str] = field(default_factory=set)  # with an outcome: a sample or a drop
     drops: dict[str, str] = field(default_factory=dict)  # recorded drops: prompt id → kind
     replaced: int = 0  # rows written, then replaced by a later answer of the same prompt
@@ -47,10 +47,12 @@ def dataset_figures(store: ShardStore, *, keep_ids: bool = True) -> DatasetFigur
         drops=dict(resolution.drops),
         superseded_windows=len(resolution.superseded),
     )
+    files: set[str | tuple[int, int, int]] = set()
     for marker in resolution.windows:
         excluded = resolution.exclude.get(marker.key, [])
         figures.replaced += len(excluded)
-        figures.shards += 1 if marker.rows > len(excluded) else 0
+        if marker.rows > len(excluded):
+            files.add(marker.shard or marker.key)
         figures.tokens += marker.tokens - sum(marker.row_tokens[i] for i in excluded)
         figures.loss_tokens += marker.loss_tokens - sum(marker.row_loss_tokens[i] for i in excluded)
         # counted over the rows written (a replaced answer was compared too)
@@ -63,6 +65,7 @@ def dataset_figures(store: ShardStore, *, keep_ids: bool = True) -> DatasetFigur
             figures.normalizations.update(
                 name for i, name in enumerate(marker.row_normalizations) if i not in left_out
             )
+    figures.shards = len(files)
     return figures
 
 

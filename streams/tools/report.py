@@ -259,7 +259,7 @@ def build_report(
         "url": reader.store.url,
         "created_at": time.time(),
         "sealed": manifest is not None,
-        "shards": len(refs),
+        "shards": len({ref.path for ref in refs}),
         "samples": totals.samples,
         "tokens": totals.tokens,
         "loss_tokens": totals.loss_tokens,

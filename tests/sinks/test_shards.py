@@ -17,6 +17,7 @@ from sinks.shards import (
     SampleRow,
     ShardMarker,
     ShardStore,
+    WindowRows,
     read_present,
     table_to_ipc_stream,
 )
@@ -230,3 +231,58 @@ def test_rows_carry_their_source_id_and_shards_without_the_column_read_as_null(
         "c": None,
     }
     assert read.schema.names == SHARD_SCHEMA.names
+
+
+def test_the_windows_of_one_flush_share_a_shard_and_each_reads_as_its_own(
+    tmp_path: Path,
+) -> None:
+    store = ShardStore(str(tmp_path), "v1")
+    markers = store.write_windows(
+        [
+            WindowRows(0, 10, 11, rows("a", "b"), generation=2),
+            WindowRows(1, 4, 4, [], generation=2, drops={"x": "policy_length"}),
+            WindowRows(5, 0, 2, rows("c", "d", "e"), generation=3),
+        ]
+    )
+    files = list((tmp_path / "v1" / "data").iterdir())
+    assert len(files) == 1 and parse_shard_name(files[0].name) == (0, 10, 2)
+    assert [(m.shard, m.row_start, m.rows) for m in markers] == [
+        (files[0].name, 0, 2),
+        ("", 0, 0),  # a marker only: its drop
+        (files[0].name, 2, 3),
+    ]
+    assert markers[0].sha256 == hashlib.sha256(files[0].read_bytes()).hexdigest()
+    assert [store.read_shard(m)["prompt_id"].to_pylist() for m in (markers[0], markers[2])] == [
+        ["a", "b"],
+        ["c", "d", "e"],
+    ]
+    assert store.committed_shard_paths() == [str(files[0])]  # once
+    assert DatasetReader(store).table()["prompt_id"].to_pylist() == ["a", "b", "c", "d", "e"]
+
+    # sealed: the manifest keeps each window's place and generation
+    manifest = store.seal({0: 12, 1: 5, 5: 3})
+    assert [(e.partition, e.row_start, e.generation) for e in manifest.shards] == [
+        (0, 0, 2),
+        (5, 2, 3),
+    ]
+    sealed = DatasetReader(store)
+    assert [ref.generation for ref in sealed.shards()] == [2, 3]
+    assert sealed.table()["prompt_id"].to_pylist() == ["a", "b", "c", "d", "e"]
+
+
+def test_a_window_of_a_shared_shard_rewritten_or_removed_leaves_the_others_whole(
+    tmp_path: Path,
+) -> None:
+    """A crash after the first markers of a flush: the unmarked window is rewritten by the
+    same generation. Its rewrite must not replace the file the marked windows point at."""
+    store = ShardStore(str(tmp_path), "v1")
+    first, second = store.write_windows(
+        [WindowRows(0, 0, 1, rows("a", "b")), WindowRows(1, 0, 0, rows("c"))]
+    )
+    store.delete_window(0, 0)  # as adoption removes an uncommitted window
+    store.write_windows([WindowRows(0, 0, 2, rows("a", "b", "f")), WindowRows(2, 0, 0, rows("g"))])
+    assert len(list((tmp_path / "v1" / "data").iterdir())) == 2  # the first file stays
+    table = DatasetReader(store).table()
+    assert sorted(table["prompt_id"].to_pylist()) == ["a", "b", "c", "f", "g"]
+    assert store.read_shard(second)["prompt_id"].to_pylist() == ["c"]
+    assert first.shard != store.markers(0)[0].shard

@@ -65,26 +65,39 @@ def test_a_window_is_flushed_at_its_token_budget(tmp_path: Path) -> None:
     assert h.acks() == [(0, 0), (0, 1), (0, 2)]
 
 
-def test_an_idle_window_is_flushed_after_the_timeout(tmp_path: Path) -> None:
+def test_an_idle_window_is_flushed_after_the_timeout_with_every_open_window_in_one_shard(
+    tmp_path: Path,
+) -> None:
     h = harness(ShardStore(str(tmp_path), "v1"), max_records=100)
 
     async def run() -> None:
         await h.add(0, 5, "a")
         h.clock.now += 5.0
-        await h.add(1, 7, "b")  # opened later: idle later
+        await h.add(1, 7, "b")  # opened later, flushed with the first
         await h.add(0, 6, "c")  # a new event does not make the window younger
         h.clock.now += 4.9
         await h.flush_idle()
         assert h.acks() == []
         h.clock.now += 0.1
         await h.flush_idle()
-        assert h.acks() == [(0, 5), (0, 6)]
-        h.clock.now += 5.0
-        await h.flush_idle()
+        assert h.acks() == [(0, 5), (0, 6), (1, 7)]
+        await h.add(2, 0, "d")
+        h.clock.now += 9.9
+        await h.flush_idle()  # nothing open for 10 s yet
 
     asyncio.run(run())
     assert h.acks() == [(0, 5), (0, 6), (1, 7)]
-    assert [(m.partition, m.prompt_ids) for m in h.store.markers()] == [(0, ["a", "c"]), (1, ["b"])]
+    markers = h.store.markers()
+    assert [(m.partition, m.prompt_ids) for m in markers] == [(0, ["a", "c"]), (1, ["b"])]
+    # one file for the flush: a marker per window, each with its rows' place in it
+    assert [p.name for p in (tmp_path / "v1" / "data").iterdir()] == [markers[0].shard]
+    assert (markers[1].shard, markers[1].row_start) == (markers[0].shard, 2)
+    assert [h.store.read_shard(m)["prompt_id"].to_pylist() for m in markers] == [
+        ["a", "c"],
+        ["b"],
+    ]
+    table = DatasetReader(h.store).table()
+    assert table["prompt_id"].to_pylist() == ["a", "c", "b"]
 
 
 def test_a_later_item_of_the_same_key_replaces_the_earlier_one_in_its_window(

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sinks.reader import DatasetReader
-from sinks.shards import ShardMarker, ShardStore
+from sinks.shards import ShardMarker, ShardStore, WindowRows
 from sinks.sink import Prepared
 from tests.polling import wait_for_async
 from tests.sinks.sink_harness import (
@@ -39,9 +40,10 @@ class SlowStore(ShardStore):
             self.entered.set()
             assert self.release.wait(timeout=30)
 
-    def write_shard(self, partition: int, *args: Any, **kwargs: Any) -> ShardMarker:
-        self._wait("write", partition)
-        return super().write_shard(partition, *args, **kwargs)
+    def write_windows(self, windows: Sequence[WindowRows]) -> list[ShardMarker]:
+        for partition in {window.partition for window in windows}:
+            self._wait("write", partition)
+        return super().write_windows(windows)
 
     def markers(self, partition: int | None = None) -> list[ShardMarker]:
         self._wait("markers", partition)
@@ -100,15 +102,16 @@ def test_a_partition_s_windows_are_written_and_acked_in_offset_order(tmp_path: P
     h = harness(store, max_records=1)
     stage = HeldStage(h.log, hold_s=2.0)
     h.sink.stage = stage
-    written = store.write_shard
+    written = store.write_windows
 
-    def write_shard(partition: int, start: int, *args: Any, **kwargs: Any) -> ShardMarker:
-        if start == 1:
-            stage.go.set()  # releases the first window early, if the second came first
-        h.log.append(("write", start))
-        return written(partition, start, *args, **kwargs)
+    def write_windows(windows: Sequence[WindowRows]) -> list[ShardMarker]:
+        for window in windows:
+            if window.start_offset == 1:
+                stage.go.set()  # releases the first window early, if the second came first
+            h.log.append(("write", window.start_offset))
+        return written(windows)
 
-    store.write_shard = write_shard  # type: ignore[method-assign]
+    store.write_windows = write_windows  # type: ignore[method-assign]
 
     async def run() -> None:
         await h.sink.add(h.event(0, 0, "slow"))
@@ -336,11 +339,11 @@ def test_a_failed_storage_write_is_retried_and_nothing_is_acked_before_it_succee
     attempts: list[int] = []
 
     class FlakyStore(ShardStore):
-        def write_shard(self, *args: Any, **kwargs: Any) -> ShardMarker:
+        def write_windows(self, windows: Sequence[WindowRows]) -> list[ShardMarker]:
             attempts.append(len(h.acks()))
             if len(attempts) == 1:
                 raise OSError("S3 is down")
-            return super().write_shard(*args, **kwargs)
+            return super().write_windows(windows)
 
     h = harness(FlakyStore(str(tmp_path), "v1"), max_records=2)
 
