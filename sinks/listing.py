@@ -25,8 +25,10 @@ class ShardRef:
     generation: int = 0
     # the window's last completions offset (inclusive): where its rows' completions are
     end_offset: int = -1
-    # where the window's rows start in the file (a shard shared by the windows of one flush)
+    # where the window's rows start in the file (a shard shared by the windows of one flush),
+    # and the rows the file holds (0: `rows`, the window's own file)
     row_start: int = 0
+    file_rows: int = 0
 
     @property
     def key(self) -> tuple[int, int]:
@@ -58,6 +60,7 @@ def sealed_shards(store: ShardStore, manifest: SealedManifest) -> list[ShardRef]
             ),
             end_offset=entry.end_offset,
             row_start=entry.row_start,
+            file_rows=entry.file_rows,
         )
         for entry in manifest.shards
         if entry.kept > 0
@@ -103,6 +106,7 @@ def resolved_shards(store: ShardStore, resolution: Resolution) -> list[ShardRef]
             generation=m.generation,
             end_offset=m.end_offset,
             row_start=m.row_start,
+            file_rows=m.file_rows,
         )
         for m in resolution.windows
         if m.rows > len(resolution.exclude.get(m.key, ()))

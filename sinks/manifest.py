@@ -29,6 +29,7 @@ class ShardEntry:
     # writer's generation (None in older manifests: the path names it)
     row_start: int = 0
     generation: int | None = None
+    file_rows: int = 0  # rows in the file, all windows' (0 in older manifests: `rows`)
 
     @property
     def kept(self) -> int:

@@ -50,6 +50,12 @@ class ShardMarker:
     # (`DatasetLayout.shard`), from row 0. `sha256` is the file's.
     shard: str = ""
     row_start: int = 0
+    # rows in that file, all windows' (0: the window's own file, `rows`)
+    shard_rows: int = 0
+
+    @property
+    def file_rows(self) -> int:
+        return self.shard_rows or self.rows
 
     @staticmethod
     def top_causes(causes: Iterable[str | None]) -> dict[str, int]:

@@ -164,7 +164,14 @@ class DatasetReader:
         refs = self.shards()
         if not refs:
             return datasets.Dataset(SHARD_SCHEMA.empty_table())
-        urls = [self.store.fs.unstrip_protocol(ref.path) for ref in refs]
+        # each file once, in file order; a shared file's rows are indexed from its start
+        first_of: dict[str, int] = {}
+        files_rows = 0
+        for ref in refs:
+            if ref.path not in first_of:
+                first_of[ref.path] = files_rows
+                files_rows += ref.file_rows or ref.rows
+        urls = [self.store.fs.unstrip_protocol(path) for path in first_of]
         loaded = datasets.load_dataset(
             "arrow",
             data_files=urls,
@@ -173,16 +180,15 @@ class DatasetReader:
             cache_dir=cache_dir,
             keep_in_memory=keep_in_memory,
         )
-        if loaded.num_rows != sum(ref.rows for ref in refs):
+        if loaded.num_rows != files_rows:
             raise ShardChanged("the shards changed while they were loaded")
-        if any(ref.exclude for ref in refs):
-            keep: list[int] = []
-            start = 0
-            for ref in refs:
-                keep.extend(start + i for i in range(ref.rows) if i not in ref.exclude)
-                start += ref.rows
-            loaded = loaded.select(keep)
-        return loaded
+        keep = [
+            first_of[ref.path] + ref.row_start + i
+            for ref in refs
+            for i in range(ref.rows)
+            if i not in ref.exclude
+        ]
+        return loaded if len(keep) == files_rows else loaded.select(keep)
 
     def stream(
         self,

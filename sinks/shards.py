@@ -12,7 +12,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import fsspec
@@ -205,8 +205,10 @@ class ShardStore:
                 name = path.rpartition("/")[2]
             self._put(path, data)
         markers, row_start = [], 0
+        in_file = sum(len(w.rows) for w in windows) if name else 0
         for window, table in zip(windows, tables, strict=True):
             marker = self._marker(window, table, sha if window.rows else "", name, row_start)
+            marker = replace(marker, shard_rows=in_file if marker.shard else 0)
             row_start += len(window.rows)
             self._put(
                 self.layout.marker(window.partition, window.start_offset, window.generation),
@@ -330,6 +332,7 @@ class ShardStore:
                     exclude=list(excluded),
                     row_start=marker.row_start,
                     generation=marker.generation,
+                    file_rows=marker.file_rows,
                 )
             )
         manifest = SealedManifest(

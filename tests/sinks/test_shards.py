@@ -286,3 +286,6 @@ def test_a_window_of_a_shared_shard_rewritten_or_removed_leaves_the_others_whole
     assert sorted(table["prompt_id"].to_pylist()) == ["a", "b", "c", "f", "g"]
     assert store.read_shard(second)["prompt_id"].to_pylist() == ["c"]
     assert first.shard != store.markers(0)[0].shard
+    # loaded by `datasets` file by file: the removed window's rows in the first file left out
+    loaded = DatasetReader(store).hf_dataset(cache_dir=str(tmp_path / "cache"))
+    assert loaded["prompt_id"] == table["prompt_id"].to_pylist()
