@@ -178,7 +178,7 @@ class Run:
         argv = draftgen(
             "replay", "--workers", str(self.args.workers), "--tokenizer-dir", str(self.tokenizer),
             "--out", self.out, "--dataset", dataset, "--partitions", str(PARTITIONS),
-            "--workdir", str(self.root / f"replay-{dataset}"), *self.common(), *flags,
+            "--workdir", str(self.root / f"replay-{dataset}"), "--follow", *self.common(), *flags,
         )  # fmt: skip
         group = self.kafka.group(f"draftgen-tokenize-{dataset}")
         log = self.root / f"replay-{dataset}.log"

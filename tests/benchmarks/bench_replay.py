@@ -130,7 +130,8 @@ def _replay_argv(kafka: KafkaSettings, tokenizer: Path, out: Path, dataset: str)
     argv = ["replay", "--tokenizer-dir", str(tokenizer), "--out", str(out), "--dataset", dataset]
     argv += ["--bootstrap", kafka.bootstrap, "--topic-prefix", kafka.topic_prefix]
     argv += ["--partitions", str(PARTITIONS), "--idle-flush", "2", "--heartbeat-interval", "0"]
-    return argv
+    # warm runs start before the completions exist: the benchmark says when it has caught up
+    return [*argv, "--follow"]
 
 
 def run_one(
