@@ -52,6 +52,10 @@ class ShardMarker:
     row_start: int = 0
     # rows in that file, all windows' (0: the window's own file, `rows`)
     shard_rows: int = 0
+    # the sample policy's verdicts in the window (streams/tokenize/policies.py): "drop:RULE" or
+    # "flag:RULE" → source → completions, and a few examples of each ("prompt_id: text")
+    gate: dict[str, dict[str, int]] = field(default_factory=dict)
+    gate_examples: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def file_rows(self) -> int:

@@ -379,14 +379,15 @@ def __getattr__(name: str) -> Any:
 
 
 def table_rows(table: pa.Table) -> Iterator[dict[str, Any]]:
-    """Rows of a shard table, the token lists as numpy views (no per-token Python objects)."""
+    """Rows of a shard table, the token lists as numpy views (no per-token Python objects);
+    other lists (`flags`) as Python lists."""
     table = table.combine_chunks()
     lists: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     scalars: dict[str, list[Any]] = {}
     for name in table.column_names:
         column = table.column(name)
         array = column.chunk(0) if column.num_chunks else pa.array([], column.type)
-        if pa.types.is_list(array.type):
+        if pa.types.is_list(array.type) and pa.types.is_integer(array.type.value_type):
             offsets = array.offsets.to_numpy()
             lists[name] = (array.flatten().to_numpy(), offsets - offsets[0])
         else:

@@ -40,6 +40,9 @@ SHARD_SCHEMA = pa.schema(
         ("conversation_id", pa.string()),
         # the source row's own id (null: it had none, or the shard predates the column)
         ("source_id", pa.string()),
+        # quality-gate rules the sample broke and was kept with (`--on-repetition flag`, …);
+        # empty when none, null in shards that predate the column
+        ("flags", pa.list_(pa.string())),
     ]
 )
 
@@ -78,6 +81,7 @@ class SampleRow:
     truncated: bool = False
     # the SGLang preprocessing profile of its prompt; in the marker, not a column
     normalization: str = ""
+    flags: Sequence[str] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -110,6 +114,7 @@ def rows_to_table(rows: Sequence[SampleRow]) -> pa.Table:
             "drift": pa.array([r.drift for r in rows], pa.bool_()),
             "conversation_id": pa.array([r.conversation_id for r in rows], pa.string()),
             "source_id": pa.array([r.source_id for r in rows], pa.string()),
+            "flags": pa.array([list(r.flags) for r in rows], pa.list_(pa.string())),
         },
         schema=SHARD_SCHEMA,
     )
@@ -132,6 +137,9 @@ class WindowRows:
     rows: Sequence[SampleRow]
     generation: int = 0
     drops: dict[str, str] = field(default_factory=dict)
+    # the sample policy's verdicts (ShardMarker.gate, .gate_examples)
+    gate: dict[str, dict[str, int]] = field(default_factory=dict)
+    gate_examples: dict[str, list[str]] = field(default_factory=dict)
 
 
 class ShardStore:
@@ -243,6 +251,8 @@ class ShardStore:
             row_normalizations=[r.normalization for r in rows],
             shard=shard if rows else "",
             row_start=row_start if shard and rows else 0,
+            gate=window.gate,
+            gate_examples=window.gate_examples,
         )
 
     def delete_window(self, partition: int, start_offset: int, generation: int = 0) -> None:

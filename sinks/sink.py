@@ -64,6 +64,9 @@ class Prepared:
 
     rows: list[SampleRow]
     drops: dict[str, str] = field(default_factory=dict)
+    # the sample policy's verdicts: "drop:RULE"/"flag:RULE" → source → count, and examples
+    gate: dict[str, dict[str, int]] = field(default_factory=dict)
+    gate_examples: dict[str, list[str]] = field(default_factory=dict)
 
 
 class SinkStage(Protocol[T]):
@@ -400,7 +403,16 @@ class ShardSink(Generic[T]):
         self, batch: list[tuple[Hashable, _Window[T]]], prepared: list[Prepared]
     ) -> None:
         windows = [
-            WindowRows(w.partition, w.start_offset, w.end_offset, p.rows, w.generation, p.drops)
+            WindowRows(
+                w.partition,
+                w.start_offset,
+                w.end_offset,
+                p.rows,
+                w.generation,
+                p.drops,
+                p.gate,
+                p.gate_examples,
+            )
             for (_, w), p in zip(batch, prepared, strict=True)
         ]
         markers = await self._io("writing a shard", self.store.write_windows, windows)

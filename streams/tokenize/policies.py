@@ -13,8 +13,16 @@ letter, and `draftgen run` counts the drops by rule):
 - ``min_loss_run``: fewer consecutive supervised tokens than ``--min-loss-run`` (default 2:
   DFlash trains on blocks and needs at least two).
 
-The first three are decided from the completion, before any encoding; the last two from the
-built sample.
+The quality gate (its measures in gate.py), each ``drop`` (default), ``flag`` (kept, the rule
+in the sample's ``flags`` column) or ``keep``:
+
+- ``think_markers``: the answer still holds a think marker (finished outputs).
+- ``repetition``: the output loops (``--repetition-max`` of its n-grams seen before in it).
+- ``tool_args``: a tool call's arguments are not a JSON object. Always dropped: no template
+  renders such a call as the model wrote it (nor would a server take it back as history).
+
+Length, the think and empty rules, think markers and tool arguments are decided from the
+completion, before any encoding; the lengths in tokens and repetition from the built sample.
 """
 
 from __future__ import annotations
@@ -28,9 +36,19 @@ import numpy as np
 from sinks.shards import Tokens
 from streams.core.records import POLICY_PREFIX, CompletionRecord
 from streams.core.settings import SamplePolicy
+from streams.tokenize.gate import bad_tool_arguments, repeated_share, think_marker
 from streams.tokenize.samples import Sample, SampleBuilder, SampleError
 
-RULES = ("length", "unclosed_think", "empty_answer", "max_seq_len", "min_loss_run")
+RULES = (
+    "length",
+    "unclosed_think",
+    "empty_answer",
+    "max_seq_len",
+    "min_loss_run",
+    "think_markers",
+    "tool_args",
+    "repetition",
+)
 
 
 class PolicyDrop(SampleError):
@@ -53,37 +71,58 @@ class PolicySampleBuilder(SampleBuilder):
         super().__init__(tokenizer, *args, **kwargs)
         self.policy = policy or SamplePolicy()
         self._think_close_id = _token_id(tokenizer, self.profile.think_close)
+        self._think_markers = (self.profile.think_open, self.profile.think_close)
 
     def build_many(self, completions: Sequence[CompletionRecord]) -> list[Sample | SampleError]:
         # Completions the policy drops are never rendered nor encoded.
         verdicts = [self.check_completion(c) for c in completions]
-        kept = [c for c, verdict in zip(completions, verdicts, strict=True) if verdict is None]
+        kept = [c for c, v in zip(completions, verdicts, strict=True) if isinstance(v, tuple)]
         built = iter(super().build_many(kept))
         results: list[Sample | SampleError] = []
         for verdict in verdicts:
-            if verdict is not None:
+            if isinstance(verdict, PolicyDrop):
                 results.append(verdict)
                 continue
             result = next(built)
+            if not isinstance(result, SampleError) and verdict:
+                result = replace(result, flags=(*result.flags, *verdict))
             results.append(result if isinstance(result, SampleError) else self.check(result))
         return results
 
-    def check_completion(self, completion: CompletionRecord) -> PolicyDrop | None:
+    def check_completion(self, completion: CompletionRecord) -> PolicyDrop | tuple[str, ...]:
+        """A drop, or the rules the completion is flagged by (none: `()`)."""
         policy = self.policy
         if completion.finish_reason == "length":
             if policy.on_length == "drop":
                 return PolicyDrop("length", "finish_reason=length: the output was cut short")
-            return None
+            return ()
+        flags: list[str] = []
+        left = think_marker(completion.content, *self._think_markers)
+        if left is not None:
+            found = self._gate("think_markers", left, flags)
+            if found is not None:
+                return found
+        if (why := bad_tool_arguments(completion.tool_calls)) is not None:
+            return PolicyDrop("tool_args", why)
         if completion.tool_calls or (completion.content or "").strip():
-            return None
+            return tuple(flags)
         if self._unclosed(completion):
             if policy.on_unclosed_think == "drop":
                 return PolicyDrop(
                     "unclosed_think", "no </think>: the whole output landed in the reasoning"
                 )
-            return None
+            return tuple(flags)
         if policy.on_empty_answer == "drop":
             return PolicyDrop("empty_answer", "no content and no tool calls")
+        return tuple(flags)
+
+    def _gate(self, rule: str, message: str, flags: list[str]) -> PolicyDrop | None:
+        """A quality-gate rule that fired: its drop, or its flag added to `flags`."""
+        action = getattr(self.policy, f"on_{rule}")
+        if action == "drop":
+            return PolicyDrop(rule, message)
+        if action == "flag":
+            flags.append(rule)
         return None
 
     def _unclosed(self, completion: CompletionRecord) -> bool:
@@ -117,6 +156,19 @@ class PolicySampleBuilder(SampleBuilder):
                 f"{run} consecutive supervised tokens (< {policy.min_loss_run})"
                 + (" after truncation" if sample.truncated else ""),
             )
+        if policy.on_repetition != "keep":
+            output = np.asarray(sample.input_ids)[np.asarray(sample.loss_mask, dtype=bool)]
+            if output.size >= policy.repetition_min_tokens:
+                share = repeated_share(output, policy.repetition_ngram)
+                if share > policy.repetition_max:
+                    flags: list[str] = []
+                    message = (
+                        f"{share:.0%} of its {policy.repetition_ngram}-token n-grams repeat "
+                        f"earlier ones (> --repetition-max {policy.repetition_max:g})"
+                    )
+                    if (drop := self._gate("repetition", message, flags)) is not None:
+                        return drop
+                    sample = replace(sample, flags=(*sample.flags, *flags))
         return sample
 
 

@@ -71,6 +71,8 @@ class Sample:
     truncated: bool = False
     # the server's preprocessing profile the prompt was rendered with (streams/core/serving/)
     normalization: str = ""
+    # quality-gate rules it broke, kept by a `flag` setting (streams/tokenize/policies.py)
+    flags: tuple[str, ...] = ()
 
     def __eq__(self, other: object) -> bool:
         return equal_fields(self, other) if isinstance(other, Sample) else NotImplemented

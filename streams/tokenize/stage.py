@@ -25,6 +25,8 @@ from streams.core.records import CompletionRecord, DeadLetter, RecordError, orig
 from streams.core.retry import Backoff
 from streams.core.settings import TokenizeSettings
 from streams.core.turns import among
+from streams.tokenize.gate import GateTally
+from streams.tokenize.policies import PolicyDrop
 from streams.tokenize.samples import Sample, SampleBuilder, SampleError
 from streams.tokenize.stats import TokenizeStats
 
@@ -129,7 +131,13 @@ class TokenizeWorker:
         completions = [item for item in items if isinstance(item, CompletionRecord)]
         built = await asyncio.to_thread(self._build_each, completions)
         rows: list[SampleRow] = []
+        gate = GateTally()
         for completion, result in zip(completions, built, strict=True):
+            if isinstance(result, PolicyDrop):
+                gate.add("drop", result.rule, completion)
+            elif not isinstance(result, SampleError):
+                for rule in result.flags:
+                    gate.add("flag", rule, completion)
             if not isinstance(result, SampleError):
                 try:
                     rows.append(self._row(completion, result))
@@ -154,11 +162,12 @@ class TokenizeWorker:
         if letters:
             crash_point(AFTER_DEAD_LETTERS)
         drops = {letter.prompt_id: letter.kind for letter in letters if letter.prompt_id}
-        return Prepared(rows, drops)
+        return Prepared(rows, drops, gate.counts, gate.examples)
 
     def committed(self, marker: ShardMarker, items: list[Item]) -> None:
         crash_point(AFTER_MARKER)
-        self.stats.shards += 1 if marker.rows else 0
+        # a file a time: the windows of one flush share one, the first of them at row 0
+        self.stats.shards += 1 if marker.rows and marker.row_start == 0 else 0
         self.stats.samples += marker.rows
         self.stats.tokens += marker.tokens
         self.stats.loss_tokens += marker.loss_tokens
@@ -213,6 +222,7 @@ class TokenizeWorker:
             truncated=sample.truncated,
             drift_cause=sample.drift_cause.key if sample.drift_cause else None,
             normalization=sample.normalization,
+            flags=sample.flags,
         )
 
 

@@ -15,7 +15,9 @@ class TokenizeStats:
     samples: int = figure("draftgen_tokenize_samples", "samples in committed shards")
     tokens: int = figure("draftgen_tokenize_tokens", "tokens in committed shards")
     loss_tokens: int = figure("draftgen_tokenize_loss_tokens", "loss-masked tokens")
-    shards: int = figure("draftgen_tokenize_shards", "shards committed (with rows)")
+    shards: int = figure(
+        "draftgen_tokenize_shards", "shard files committed with rows (a flush's windows share one)"
+    )
     dead_letters: int = figure("draftgen_tokenize_dead_letters", "completions dead-lettered")
     drifted: int = figure("draftgen_tokenize_drifted", "samples whose renderings drifted")
     compared: int = figure(

@@ -49,6 +49,7 @@ from streams.core.records import DeadLetter, RecordError, is_policy_drop
 from streams.core.settings import KafkaSettings
 from streams.observe.heartbeat import HeartbeatReader
 from streams.tools.progress import DeadLetterReader
+from streams.tools.report_gate import version_gate
 from streams.tools.report_lengths import (
     LENGTHS,
     LengthCounts,
@@ -308,6 +309,7 @@ def build_report(
     report["truncated"] = sum(m.truncated for m in markers)
 
     report["policy_drops"], report["errors"] = _drops(drops, drops_from, kafka)
+    report["quality_gate"] = version_gate(reader)
     if report["errors"]["upstream"]["by_kind"] == NOT_RECORDED:
         not_recorded.append("errors.upstream")
     report["outcomes"] = {

@@ -200,6 +200,23 @@ def _tokens_table(section: dict[str, Any]) -> str:
     return _table(header, rows)
 
 
+def _gate(gate: dict[str, dict[str, Any]]) -> str:
+    """Each rule's drops or flags per source, then its examples (the answer's text, cut)."""
+    if not gate:
+        return "<p>no sample was dropped or flagged by a rule</p>"
+    rows = [
+        [key.partition(":")[2], key.partition(":")[0], source, count]
+        for key, section in gate.items()
+        for source, count in section["by_source"].items()
+    ]
+    parts = [_table(["rule", "verdict", "source", "completions"], rows)]
+    for key, section in gate.items():
+        if section["examples"]:
+            items = "".join(f"<li><code>{html.escape(e)}</code></li>" for e in section["examples"])
+            parts.append(f"<h3>{html.escape(key)}: examples</h3><ul>{items}</ul>")
+    return "".join(parts)
+
+
 def _image(name: str, png: bytes) -> str:
     data = base64.b64encode(png).decode()
     return f'<img id="plot-{name}" alt="{name}" src="data:image/png;base64,{data}">'
@@ -275,6 +292,8 @@ def render_html(report: dict[str, Any], pngs: dict[str, bytes]) -> str:
             unit="dead letters",
         ),
         _image("policy_drops", pngs["policy_drops"]) if "policy_drops" in pngs else "",
+        "<h2>Quality gate</h2>",
+        _gate(report.get("quality_gate", {})),
         "<h2>Supervised tokens</h2>",
         f'<p class="note">{html.escape(tokens["note"])}; {tokens["total"]:,} supervised '
         f"tokens, {tokens['distinct']:,} distinct; the {len(tokens['top'])} most frequent:</p>",

@@ -17,6 +17,8 @@ GENERATED = "generated"
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 KeepOrDrop = Literal["drop", "keep"]
+# a quality-gate rule: drop the sample, keep it with the rule in its `flags`, or keep it
+KeepFlagDrop = Literal["drop", "flag", "keep"]
 OverLength = Literal["drop", "truncate"]
 RegenMode = Literal["final", "every-turn"]
 GenerateApi = Literal["chat", "native"]

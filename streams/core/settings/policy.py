@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic_settings import SettingsConfigDict
 
 from streams.core.settings.base import Settings, setting
-from streams.core.settings.names import KeepOrDrop, OverLength
+from streams.core.settings.names import KeepFlagDrop, KeepOrDrop, OverLength
 
 
 class LengthPolicy(Settings):
@@ -41,6 +41,30 @@ class SamplePolicy(LengthPolicy):
     )
     on_empty_answer: KeepOrDrop = setting(
         "drop", cli=True, help="outputs without content or tool calls"
+    )
+    # the quality gate (streams/tokenize/gate.py); thresholds from real text, BENCHMARKS.md
+    on_repetition: KeepFlagDrop = setting(
+        "drop",
+        cli=True,
+        help="outputs that loop: more than --repetition-max of their n-grams occurred earlier "
+        "in them",
+    )
+    repetition_ngram: int = setting(
+        32, cli=True, help="tokens an n-gram for --on-repetition", ge=4, le=4096
+    )
+    repetition_max: float = setting(
+        0.25,
+        cli=True,
+        help="the share of repeated n-grams above which an output loops (real code scored at "
+        "most 0.19, a loop over 30%% of an output at least 0.27)",
+        gt=0,
+        lt=1,
+    )
+    repetition_min_tokens: int = setting(
+        256, cli=True, help="outputs shorter than this are not checked for loops", ge=1
+    )
+    on_think_markers: KeepFlagDrop = setting(
+        "drop", cli=True, help="answers that still hold a think marker (<think>, </think>)"
     )
 
 

@@ -114,7 +114,7 @@ def test_empty_answer(make_builder: Callable[..., PolicySampleBuilder]) -> None:
     assert isinstance(kept, Sample) and as_list(kept.input_ids) == [1, 2, 3, 4, 5]
     # a tool call is an answer
     call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-    assert make_builder().check_completion(replace(empty, tool_calls=[call])) is None
+    assert make_builder().check_completion(replace(empty, tool_calls=[call])) == ()
 
 
 def test_max_seq_len_drops_or_truncates(make_builder: Callable[..., PolicySampleBuilder]) -> None:
@@ -214,3 +214,56 @@ def test_flags_and_defaults() -> None:
     )
     with pytest.raises(SystemExit):
         parse("--max-seq-len", "0")
+
+
+@pytest.mark.parametrize("action", ["drop", "flag", "keep"])
+def test_think_markers_are_dropped_flagged_or_kept_and_bad_tool_arguments_dropped(
+    make_builder: Callable[..., PolicySampleBuilder], action: str
+) -> None:
+    builder = make_builder(on_think_markers=action)
+    marker = answered(content="4 </think> and then")
+    bad = {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": 1'}}
+    listed = {"id": "d", "type": "function", "function": {"name": "g", "arguments": "[1]"}}
+    calls = [answered(content="", tool_calls=[call]) for call in (bad, listed)]
+    good = {"id": "e", "type": "function", "function": {"name": "h", "arguments": '{"a": 1}'}}
+    clean = [answered(), answered(content="", tool_calls=[good])]
+    results = builder.build_many([marker, *calls, *clean])
+    # a recorded drop of the policy, not an error: the model wrote them
+    assert [kind(r) for r in results[1:]] == ["policy_tool_args"] * 2 + [None] * 2
+    assert "not JSON" in str(results[1]) and "list, not an object" in str(results[2])
+    if action == "drop":
+        assert kind(results[0]) == "policy_think_markers"
+        assert "a </think> with no <think> before it" in str(results[0])
+    else:
+        assert isinstance(results[0], Sample)
+        assert results[0].flags == (("think_markers",) if action == "flag" else ())
+    assert [r.flags for r in results[3:] if isinstance(r, Sample)] == [(), ()]
+
+
+def looped(builder: PolicySampleBuilder, share: float) -> CompletionRecord:
+    """A completion whose last `share` of its output ids is one 40-token block over and over."""
+    text = " ".join(f"word{i} is not word{i + 1}" for i in range(200))
+    completion = with_server_ids(builder, answered(content=text))
+    output = as_list(completion.output_token_ids)
+    start = int(len(output) * (1 - share))
+    loop = [*np.resize(output[:40], len(output) - start - 1), output[-1]]  # ends as it did
+    return replace(completion, output_token_ids=output[:start] + loop)
+
+
+@pytest.mark.parametrize("action", ["drop", "flag", "keep"])
+def test_an_output_that_loops_is_dropped_flagged_or_kept(
+    make_builder: Callable[..., PolicySampleBuilder], action: str
+) -> None:
+    builder = make_builder(on_repetition=action)
+    plain = with_server_ids(builder, answered(content=" ".join(f"w{i}" for i in range(400))))
+    results = builder.build_many([looped(builder, 0.5), looped(builder, 0.1), plain])
+    assert [r.flags for r in results[1:] if isinstance(r, Sample)] == [(), ()]
+    if action == "drop":
+        assert kind(results[0]) == "policy_repetition"
+        assert "n-grams repeat" in str(results[0])
+    else:
+        assert isinstance(results[0], Sample)
+        assert results[0].flags == (("repetition",) if action == "flag" else ())
+    # below --repetition-min-tokens nothing is checked
+    short = make_builder(on_repetition=action, repetition_min_tokens=100_000)
+    assert all(isinstance(r, Sample) for r in short.build_many([looped(builder, 0.5)]))
