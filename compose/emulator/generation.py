@@ -107,10 +107,14 @@ class Generator:
             and not tool_call
             and prompt_unit(s.seed, prompt, "unclosed") < s.unclosed_think_rate
         )
+        junk = not (tool_call or unclosed)
+        loops = junk and prompt_unit(s.seed, prompt, "loop") < s.loop_rate
+        leaks = junk and not loops and prompt_unit(s.seed, prompt, "leak") < s.think_leak_rate
 
         # The length is drawn in tokens; the fixed tags are paid for out of the answer's share.
         total = self._output_length(rng, prompt)
-        think_tokens = round(total * s.thinking_fraction) if mode is not ThinkMode.OFF else 0
+        share = min(s.thinking_fraction, 0.3) if loops else s.thinking_fraction
+        think_tokens = round(total * share) if mode is not ThinkMode.OFF else 0
         overhead = 1 + (self._close_cost if mode is not ThinkMode.OFF else 0)
         overhead += self._open_cost if mode is ThinkMode.OPENS else 0
         answer_tokens = max(1, total - think_tokens - overhead)
@@ -123,8 +127,14 @@ class Generator:
         if not unclosed:
             if tool_call:
                 text += self._tool_call_text(rng, request)
+            elif loops:
+                text += textgen.loop(rng, answer_tokens, count)
             else:
-                text += textgen.answer(rng, answer_tokens, count)
+                answer = textgen.answer(rng, answer_tokens, count)
+                if leaks:  # the parser split at the first close; this one stays in the answer
+                    middle = len(answer) // 2
+                    answer = f"{answer[:middle]}{family.think_close}{answer[middle:]}"
+                text += answer
 
         ids = self.model.encode(text)
         if drift:

@@ -53,6 +53,11 @@ class EmulatorSettings:
     unclosed_think_rate: float = 0.0
     # fraction of requests with tools that answer with a tool call
     tool_call_rate: float = 0.0
+    # junk a real model writes, for the quality gate (streams/tokenize/gate.py): a fraction of
+    # prompts whose answer loops (one paragraph over and over, to the end, then a stop), and a
+    # fraction whose answer keeps a think close the reasoning parser did not split at
+    loop_rate: float = 0.0
+    think_leak_rate: float = 0.0
 
     # decode speed per request; 0 answers at once
     tokens_per_s: float = 0.0
@@ -119,6 +124,8 @@ class EmulatorSettings:
             "thinking_fraction",
             "unclosed_think_rate",
             "tool_call_rate",
+            "loop_rate",
+            "think_leak_rate",
             "rate_400_context",
             "rate_503",
             "rate_500",
@@ -274,6 +281,19 @@ def add_emulator_arguments(parser: argparse.ArgumentParser) -> None:
         help="fraction of thinking answers that never close </think>",
     )
     add(
+        "--loop-rate",
+        type=_RATE,
+        default=d.loop_rate,
+        help="fraction of prompts whose answer loops: a paragraph repeated over most of the "
+        "output, then a stop",
+    )
+    add(
+        "--think-leak-rate",
+        type=_RATE,
+        default=d.think_leak_rate,
+        help="fraction of prompts whose answer keeps a stray think close (reasoning leaked)",
+    )
+    add(
         "--tool-call-rate",
         type=_RATE,
         default=d.tool_call_rate,
@@ -392,6 +412,8 @@ def _settings(args: argparse.Namespace) -> EmulatorSettings:
         thinking_fraction=args.thinking_fraction,
         unclosed_think_rate=args.unclosed_think_rate,
         tool_call_rate=args.tool_call_rate,
+        loop_rate=args.loop_rate,
+        think_leak_rate=args.think_leak_rate,
         tokens_per_s=args.tokens_per_s,
         max_running_requests=args.max_running_requests,
         max_queued_requests=args.max_queued_requests,

@@ -92,6 +92,16 @@ def answer(rng: random.Random, budget: int, count: TokenCounter) -> str:
     return head + block + prose(rng, rest, count, thinking=False)
 
 
+def loop(rng: random.Random, budget: int, count: TokenCounter) -> str:
+    """An answer that falls into a loop: a sentence, then one paragraph written over and over
+    until about `budget` tokens (a low-temperature thinking model's failure)."""
+    head = _sentence(rng, opener=False)
+    paragraph = " ".join(_sentence(rng, opener=False) for _ in range(rng.randint(2, 4)))
+    each = max(1, count(paragraph + "\n\n"))
+    times = max(3, (budget - count(head)) // each)
+    return head + "\n\n" + "\n\n".join([paragraph] * times)
+
+
 def arguments_for(rng: random.Random, parameters: Any) -> dict[str, Any]:
     """Plausible arguments for a JSON-schema `parameters` object: required ones plus some more."""
     if not isinstance(parameters, dict):
