@@ -12,12 +12,13 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from producers.clean import PromptCleaner
 from producers.sources import HF_PREFIX, Row, SourceSpec, count_rows, mix_sources, row_error
 from streams.core.delivery import letter_output
 from streams.core.ledger import REGENERATE, generated_prompt_ids, read_generated
 from streams.core.meter import Meter
 from streams.core.normalize import DEFAULT_ID_FIELD, make_prompt_record, source_id_of
-from streams.core.records import DeadLetter, RecordError
+from streams.core.records import REMOVED_KINDS, DeadLetter, RecordError
 from streams.core.settings import DEAD_LETTERS, PROMPTS, KafkaSettings
 from streams.core.topic_reader import TopicReader
 from streams.core.topics import prepare_topics
@@ -41,6 +42,8 @@ class PublishSummary:
     # on the prompts topic already (`skip_published`), without an outcome yet: not sent again
     already_published: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
+    # not published by the cleaner (producers/clean.py): duplicate_text, contaminated
+    removed: Counter[str] = field(default_factory=Counter)
     prompt_ids: list[str] = field(default_factory=list)
     # the ids of those already generated (their completions are stored)
     generated_ids: list[str] = field(default_factory=list)
@@ -56,6 +59,7 @@ class PublishSummary:
             + (f"already published {self.already_published}, " if self.already_published else "")
             + f"rejected {rejected}"
             + (f" ({kinds})" if kinds else "")
+            + "".join(f", removed as {kind} {n}" for kind, n in sorted(self.removed.items()))
         )
 
 
@@ -77,13 +81,16 @@ async def publish(
     regenerate: bool = False,
     id_field: str = DEFAULT_ID_FIELD,
     skip_published: bool = False,
+    cleaner: PromptCleaner | None = None,
 ) -> PublishSummary:
     """Publish every row of `specs`; `regen` "every-turn" asks the generate stage to regenerate
     each assistant turn of a conversation, not only the final one (streams/generate/regen.py).
     Prompts in the `generated` ledger are skipped; `regenerate` publishes them anyway, marked
     so that the generate workers do not skip them either. A row's `id_field` becomes its
     prompt's `source_id`. `skip_published` (a resumed run) also skips prompts already on the
-    prompts topic: an interrupted publish sends each prompt once."""
+    prompts topic: an interrupted publish sends each prompt once. `cleaner` removes prompts
+    whose text was published already or that contain an evaluation task (dead letters, counted
+    in `removed`)."""
     meta = mark({}, regen)
     kafka = await prepare_topics(kafka)
     # What was generated before, by any publish run or source: not sent again.
@@ -119,7 +126,7 @@ async def publish(
     async def reject(
         spec: SourceSpec, row: int, err: RecordError, raw: bytes, source_id: str | None = None
     ) -> None:
-        summary.rejected[err.kind] += 1
+        (summary.removed if err.kind in REMOVED_KINDS else summary.rejected)[err.kind] += 1
         message = f"{spec.path} row {row}: {err.message}"
         letter = DeadLetter.for_payload(STAGE, err.kind, message, raw, origin=f"{spec.path}:{row}")
         letter.source_id = source_id
@@ -140,6 +147,7 @@ async def publish(
                 done,
                 id_field,
                 on_topic,
+                cleaner,
             )
             rows += 1
             if meter is not None:
@@ -186,6 +194,7 @@ async def _publish_row(
     done: set[str],
     id_field: str,
     on_topic: set[str],
+    cleaner: PromptCleaner | None,
 ) -> None:
     if isinstance(row, bytes):
         await reject(spec, row_number, row_error(row), row)
@@ -199,6 +208,10 @@ async def _publish_row(
         return
     if record.prompt_id in seen:
         summary.duplicates += 1
+        return
+    if cleaner is not None and (removal := cleaner.check(record)) is not None:
+        seen.add(record.prompt_id)  # its exact copies are duplicates of it
+        await reject(spec, row_number, removal, _dump(row), record.source_id)
         return
     if record.prompt_id in done:
         seen.add(record.prompt_id)

@@ -25,9 +25,12 @@ def run(args: argparse.Namespace) -> int:
     chosen = build(DeadLetterSelection, args)
     selection = Selection(chosen.stage, chosen.kind)
     if chosen.republish:
-        sent, still_bad = asyncio.run(republish(kafka, selection))
+        sent, still_bad, left = asyncio.run(republish(kafka, selection))
+        removed = ", ".join(f"{k} {n}" for k, n in sorted(left.items()))
         print(
-            f"re-published {sent}" + "".join(f", still bad {k} {n}" for k, n in still_bad.items())
+            f"re-published {sent}"
+            + "".join(f", still bad {k} {n}" for k, n in still_bad.items())
+            + (f"; left as removed at publish: {removed} (--kind KIND sends them)" if left else "")
         )
         return 0
     letters = [x for x in asyncio.run(read_dead_letters(kafka)) if selection.matches(x)]

@@ -34,21 +34,40 @@ def source_specs(sources: list[str]) -> list[Any]:
         raise CliError(str(err)) from None
 
 
+def cleaner_of(settings: PublishSettings, storage_options: dict[str, Any]) -> Any:
+    """The publish's PromptCleaner (producers/clean.py); an evaluation set that cannot be read
+    is one line."""
+    from producers.clean import load_cleaner
+
+    try:
+        return load_cleaner(
+            settings.dedup_text,
+            settings.decontaminate,
+            settings.contamination_ngram,
+            storage_options,
+            settings.near_duplicates,
+        )
+    except (OSError, ValueError) as err:
+        raise CliError(f"--decontaminate: {err}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     from producers.publish import publish
 
     settings = build(PublishSettings, args)
+    storage = StorageSettings(out="s3://").storage_options()
     summary = asyncio.run(
         publish(
             build(KafkaSettings, args),
             source_specs(args.sources),
             settings.limit,
             # sources may be on S3: the same credentials as the output
-            StorageSettings(out="s3://").storage_options(),
+            storage,
             settings.progress,
             regen=settings.regen,
             regenerate=settings.regenerate,
             id_field=settings.id_field,
+            cleaner=cleaner_of(settings, storage),
         )
     )
     print(summary.line())

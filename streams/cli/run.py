@@ -18,7 +18,7 @@ import orjson
 
 from sinks.shards import ShardStore
 from streams.cli.flags import add_flags, build
-from streams.cli.publish import source_specs
+from streams.cli.publish import cleaner_of, source_specs
 from streams.cli.resume import RUNS_DIR, RunRecord, choose_workdir, command_of, resume_hint
 from streams.core.errors import CliError
 from streams.core.meter import Meter
@@ -300,6 +300,7 @@ def _run(
                 storage.storage_options(),
                 regen=publishing.regen,
                 id_field=publishing.id_field,
+                cleaner=cleaner_of(publishing, storage.storage_options()),
                 skip_published=resumed,
             )
         )

@@ -240,6 +240,9 @@ def origin_of(topic: str, partition: int, offset: int) -> str:
 
 # a prompt id longer than this is cut in its dead letter (it is also the letter's Kafka key)
 MAX_LETTER_PROMPT_ID = 1024
+# the kinds of a publish dead letter whose row was fine but removed on purpose
+# (producers/clean.py): counted apart from rejections, never republished unless named
+REMOVED_KINDS = frozenset({"duplicate_text", "near_duplicate", "contaminated"})
 
 
 @dataclass

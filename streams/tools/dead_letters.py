@@ -19,7 +19,13 @@ from aiokafka.errors import KafkaError
 from streams.core.delivery import refused_for_good
 from streams.core.ledger import REGENERATE
 from streams.core.normalize import make_prompt_record
-from streams.core.records import CompletionRecord, DeadLetter, PromptRecord, RecordError
+from streams.core.records import (
+    REMOVED_KINDS,
+    CompletionRecord,
+    DeadLetter,
+    PromptRecord,
+    RecordError,
+)
 from streams.core.settings import COMPLETIONS, PROMPTS, KafkaSettings
 from streams.core.topics import within_topic_limits
 from streams.tools.progress import DeadLetterReader
@@ -167,16 +173,24 @@ def republishable(letter: DeadLetter) -> tuple[str, bytes, bytes]:
     return _INPUT_TOPIC[letter.stage], (letter.prompt_id or "").encode(), raw
 
 
-async def republish(kafka: KafkaSettings, selection: Selection) -> tuple[int, Counter[str]]:
+async def republish(
+    kafka: KafkaSettings, selection: Selection
+) -> tuple[int, Counter[str], Counter[str]]:
+    """Send the selected letters' payloads back to their stage's input topic: (sent, still bad
+    by kind, left alone by kind: prompts removed at publish on purpose, sent only when
+    `selection.kind` names their kind)."""
     letters = [letter for letter in await read_dead_letters(kafka) if selection.matches(letter)]
     # an idempotent producer cannot get past a batch the broker refused: check each record
     # against the topics' own limits first (streams/core/topics.py)
     kafka = await within_topic_limits(kafka)
     producer = AIOKafkaProducer(**kafka.aiokafka_kwargs(), **kafka.producer_kwargs())
     await producer.start()
-    sent, still_bad = 0, Counter[str]()
+    sent, still_bad, left = 0, Counter[str](), Counter[str]()
     try:
         for letter in letters:
+            if letter.kind in REMOVED_KINDS and letter.kind != selection.kind:
+                left[letter.kind] += 1
+                continue
             try:
                 topic, key, value = republishable(letter)
                 if problem := kafka.too_large(key, value):
@@ -193,4 +207,4 @@ async def republish(kafka: KafkaSettings, selection: Selection) -> tuple[int, Co
             sent += 1
     finally:
         await producer.stop()
-    return sent, still_bad
+    return sent, still_bad, left

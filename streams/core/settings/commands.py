@@ -45,6 +45,31 @@ class PublishSettings(Settings):
         min_length=1,
         max_length=200,
     )
+    # cleaning (producers/clean.py)
+    dedup_text: bool = setting(
+        True,
+        cli=True,
+        help="publish prompts whose text (whitespace aside) equals an earlier prompt's "
+        "(default: removed, a duplicate_text dead letter)",
+    )
+    decontaminate: list[str] = setting(
+        default_factory=list,
+        cli=True,
+        help="an evaluation set (a file, directory or glob of jsonl/json/parquet, or "
+        "hf:NAME[:SPLIT]) no published prompt may share a word n-gram with; repeatable",
+    )
+    contamination_ngram: int = setting(
+        13, cli=True, help="words an n-gram for --decontaminate", ge=5, le=100
+    )
+    near_duplicates: float | None = setting(
+        None,
+        cli=True,
+        help="also remove prompts whose words (system messages and tools aside) have a MinHash "
+        "Jaccard similarity of at least this with an earlier prompt's, e.g. 0.8 (default: off)",
+        ge=0.5,
+        le=1.0,
+        metavar="THRESHOLD",
+    )
 
 
 class LogSettings(Settings):
