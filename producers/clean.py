@@ -19,7 +19,7 @@ text, and prompts that contain an evaluation task.
 
 Each removal is a dead letter of stage ``publish`` (its row, the reason and the match in its
 message), counted apart from rejections in the summary. Memory grows with distinct prompts,
-never with their length: ~130 bytes a prompt for the text dedup, ~0.8 KB more with near
+never with their length: ~85 bytes a prompt for the text dedup, ~0.6 KB with near
 duplicates (BENCHMARKS.md), and the evaluation sets' n-grams.
 """
 

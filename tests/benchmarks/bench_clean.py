@@ -9,7 +9,7 @@ non-ASCII), ~150 words each, one user message; 10% are copies of an earlier prom
 whitespace changed, 5% copies with a sentence added (near duplicates). The evaluation set is
 `--eval-tasks` rows of the same kind of text, ~60 words in two fields (a HumanEval-sized set
 is 164 tasks; MBPP's test split 500; GSM8K's 1,319).
-Memory is the growth of the process's peak RSS over each phase (one process, phases in order).
+Memory: what each cleaner keeps after all the prompts (tracemalloc), a prompt's share of it.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import argparse
 import random
 import resource
 import time
+import tracemalloc
 
 from compose.emulator import textgen
 from producers.clean import EvalNgrams, NearDuplicates, PromptCleaner
@@ -60,24 +61,32 @@ def main(argv: list[str] | None = None) -> None:
     rss_records = peak_rss_mb()
 
     results = {}
-    for name, cleaner in (
-        ("dedup only", PromptCleaner(dedup_text=True)),
-        ("dedup + decontamination", PromptCleaner(dedup_text=True, evals=evals)),
-        ("dedup + near dups 0.8", PromptCleaner(dedup_text=True, near=NearDuplicates(0.8))),
+    for name, make in (
+        ("dedup only", lambda: PromptCleaner(dedup_text=True)),
+        ("dedup + decontamination", lambda: PromptCleaner(dedup_text=True, evals=evals)),
+        ("dedup + near dups 0.8", lambda: PromptCleaner(near=NearDuplicates(0.8))),
     ):
-        before = peak_rss_mb()
+        cleaner = make()
         started = time.perf_counter()
         removed = sum(cleaner.check(record) is not None for record in records)
-        results[name] = (time.perf_counter() - started, removed, peak_rss_mb() - before)
+        seconds = time.perf_counter() - started
+        # what the cleaner keeps, measured in a second pass (tracing slows it)
+        tracemalloc.start()
+        cleaner = make()
+        for record in records:
+            cleaner.check(record)
+        kept = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        results[name] = (seconds, removed, kept / len(records))
     per = 100_000 / args.prompts
     print(f"{args.prompts:,} prompts of ~150 words; evaluation set: {args.eval_tasks:,} rows, "
           f"{len(evals.grams):,} 13-grams, read in {load_s:.2f} s")  # fmt: skip
     print(f"making the prompt records (publish's own work): {make_s * per:.1f} s per 100K")
     print(f"records and evaluation n-grams in memory: +{rss_records - rss:.0f} MB peak RSS")
-    for name, (seconds, removed, grown) in results.items():
+    for name, (seconds, removed, kept) in results.items():
         print(
-            f"{name:22} {seconds * per:6.1f} s per 100K ({seconds / make_s:.0%} of making the "
-            f"records), removed {removed:,}, peak RSS +{grown:.0f} MB"
+            f"{name:24} {seconds * per:5.1f} s per 100K ({seconds / make_s:.1f}x making the "
+            f"records), removed {removed:,}, keeps {kept:.0f} bytes a prompt"
         )
 
 
