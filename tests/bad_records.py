@@ -16,6 +16,7 @@ PROMPT_FIELDS: dict[str, tuple[Any, str]] = {
     "meta": (["row", 1], "bad_shape"),
     "published_at": ("yesterday", "bad_shape"),
     "source_id": (12, "bad_shape"),
+    "policy": ({"sampling": {"top_p": 0}}, "bad_policy"),
 }
 
 # the generated part of a completion record
@@ -34,6 +35,8 @@ COMPLETION_FIELDS: dict[str, tuple[Any, str]] = {
     "normalization": (["sglang-0.5.23"], "bad_shape"),
     "latency_s": (-1.0, "bad_shape"),
     "completed_at": (True, "bad_shape"),
+    "recipe": (["code"], "bad_shape"),
+    "served": ("sglang", "bad_shape"),
 }
 
 DEAD_LETTER_FIELDS: dict[str, tuple[Any, str]] = {
@@ -73,6 +76,7 @@ def prompt_dict(prompt_id: str, text: str = "What is a write-ahead log?") -> dic
         "meta": {"row": 1},
         "published_at": 1.0,
         "source_id": "row-1",
+        "policy": {"recipe": "mix", "sampling": {"temperature": 0.6}, "thinking": False},
     }
 
 
@@ -92,6 +96,8 @@ def completion_dict(prompt_id: str) -> dict[str, Any]:
         "normalization": "sglang-0.5.23",
         "latency_s": 0.5,
         "completed_at": 2.0,
+        "recipe": "mix",
+        "served": {"kind": "sglang", "version": "0.5.23"},
     }
 
 

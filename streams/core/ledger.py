@@ -181,12 +181,11 @@ def generated_prompt_ids(keys: Iterable[str]) -> set[str]:
 
 class LedgerState:
     """What the ledger says, from its records (`take`): the outcome keys, and the holder of each
-    prompt's claim. `settings` (or `restrict`, once a worker knows its model) restricts what is
-    kept to those hashes (a worker only asks about its own settings), which bounds memory to one
-    id per generated prompt."""
+    prompt's claim. Every settings hash is kept: a worker answers each prompt under its recipe's
+    settings (streams/core/recipes.py), which it learns only when it meets the prompt. Memory:
+    one key (~130 bytes) per prompt generated on the stack, under any settings."""
 
-    def __init__(self, settings: str | None = None) -> None:
-        self.settings: frozenset[str] | None = None if settings is None else frozenset([settings])
+    def __init__(self) -> None:
         self.keys: set[str] = set()
         # work key -> the claim that holds it, by the rule in `Claim` (released ones dropped)
         self.claims: dict[str, Claim] = {}
@@ -196,16 +195,6 @@ class LedgerState:
         self._echoes: dict[tuple[str, str, float], asyncio.Future[bool]] = {}
         # work key -> set at the next record of it (a claim, a release, an outcome)
         self._watched: dict[str, asyncio.Event] = {}
-
-    def restrict(self, settings: Iterable[str]) -> None:
-        """Keep only keys of these settings hashes, from now on and of those read so far."""
-        self.settings = frozenset(settings)
-        self.keys = {key for key in self.keys if self._kept(key)}
-        self.claims = {key: c for key, c in self.claims.items() if self._kept(key)}
-
-    def _kept(self, key: str) -> bool:
-        base = outcome_of(key.removesuffix(CLAIM).removesuffix(DEAD))
-        return self.settings is None or split_key(base)[1] in self.settings
 
     def contains(self, prompt_id: str, settings: str) -> bool:
         return ledger_key(prompt_id, settings) in self.keys
@@ -256,8 +245,6 @@ class LedgerState:
         if not key:
             return
         text = key.decode("utf-8", "replace")
-        if not self._kept(text):
-            return
         if text.endswith(CLAIM):
             work = text.removesuffix(CLAIM)
             claim = Claim.decode(value)
@@ -297,11 +284,10 @@ class LedgerFollower(LedgerState):
     def __init__(
         self,
         kafka: KafkaSettings,
-        settings: str | None = None,
         poll_ms: int = 200,
         backoff: Backoff | None = None,
     ):
-        super().__init__(settings)
+        super().__init__()
         self.kafka = kafka
         self.poll_ms = poll_ms
         self.backoff = backoff or retry.backoff("ledger")

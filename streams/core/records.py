@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from streams.core.recipes import Policy
 from streams.core.record_fields import (
     PACKED_IDS,
     Check,
@@ -107,6 +108,14 @@ class _Record:
         return cls.from_dict(data)
 
 
+def _policy(value: Any) -> str | None:
+    try:
+        Policy.from_dict(value)
+    except RecordError as err:
+        return err.message
+    return None
+
+
 _PROMPT_CHECKS: dict[str, Check] = {
     "prompt_id": nonempty_text,
     "messages": objects,  # roles and contents: streams/core/normalize.validate_prompt_messages
@@ -115,6 +124,7 @@ _PROMPT_CHECKS: dict[str, Check] = {
     "tools": optional(objects),
     "meta": meta,
     "published_at": seconds,
+    "policy": optional(_policy),
 }
 
 
@@ -122,6 +132,7 @@ _PROMPT_CHECKS: dict[str, Check] = {
 class PromptRecord(_Record):
     _required: ClassVar[tuple[str, ...]] = ("prompt_id", "messages")
     _checks: ClassVar[dict[str, Check]] = _PROMPT_CHECKS
+    _check_kinds: ClassVar[dict[str, str]] = {"policy": "bad_policy"}
 
     prompt_id: str
     messages: list[Message]
@@ -133,6 +144,11 @@ class PromptRecord(_Record):
     # the source row's own id (its `id`, or `--id-field`), so samples join back to the user's
     # data; None when the row has none (and in records written before the field existed)
     source_id: str | None = None
+    # its recipe's sampling and thinking (streams/core/recipes.py); None: the worker's settings
+    policy: dict[str, Any] | None = None
+
+    def generation_policy(self) -> Policy | None:
+        return None if self.policy is None else Policy.from_dict(self.policy)
 
 
 @dataclass
@@ -155,10 +171,13 @@ class CompletionRecord(_Record):
         "normalization": text,
         "latency_s": seconds,
         "completed_at": seconds,
+        "recipe": text,
+        "served": json_object,
     }
     _check_kinds: ClassVar[dict[str, str]] = {
         "prompt_token_ids": "bad_token_ids",
         "output_token_ids": "bad_token_ids",
+        "policy": "bad_policy",
     }
 
     prompt_id: str
@@ -185,6 +204,11 @@ class CompletionRecord(_Record):
     latency_s: float = 0.0
     completed_at: float = field(default_factory=time.time)
     source_id: str | None = None  # the prompt's (PromptRecord.source_id)
+    policy: dict[str, Any] | None = None  # the prompt's (PromptRecord.policy)
+    # provenance: the recipe's name ("" without one) and who answered: the server's kind and
+    # version, and the model revision when the server reports one
+    recipe: str = ""
+    served: dict[str, Any] = field(default_factory=dict)
 
     def __eq__(self, other: object) -> bool:
         # decoded ids are arrays: compared by value, equal to the same ids as a list
@@ -220,6 +244,7 @@ class CompletionRecord(_Record):
             meta=prompt.meta,
             published_at=prompt.published_at,
             source_id=prompt.source_id,
+            policy=prompt.policy,
             **generated,
         )
 

@@ -17,6 +17,7 @@ import openai
 import orjson
 
 from streams.core.families import GENERIC, family_for_model
+from streams.core.recipes import OPENAI_FIELDS, effective_sampling, effective_thinking
 from streams.core.records import CompletionRecord, PromptRecord
 from streams.core.serving import (
     SGLANG,
@@ -129,6 +130,7 @@ class SGLangClient:
         self.server_version: str | None = None
         # which server reported it: SGLang (/server_info) or vLLM (/version)
         self.server_kind: str = SGLANG
+        self.model_revision: str | None = None
         # `--api native`: prompts rendered here, posted to /generate (streams/generate/native.py)
         self.native: NativeChat | None = None
         if settings.api == "native":
@@ -222,6 +224,8 @@ class SGLangClient:
             version = await self._vllm_version()
             self.server_kind = VLLM if version is not None else SGLANG
         self.server_version = version
+        revision = (info or {}).get("revision")  # SGLang's --revision, when it was given
+        self.model_revision = revision if isinstance(revision, str) else None
         if self.settings.normalization is None:
             self.normalization = profile_for_version(self.server_version, self.server_kind)
         if self.native is not None:
@@ -263,7 +267,10 @@ class SGLangClient:
             "model": self.model,
             "messages": [{"role": "user", "content": "Hi"}],
             "max_tokens": 1,
-            "extra_body": {"chat_template_kwargs": self._template_kwargs(), **PROBE_REQUEST},
+            "extra_body": {
+                "chat_template_kwargs": self._template_kwargs(self.settings.thinking),
+                **PROBE_REQUEST,
+            },
         }
         try:
             response = await self._openai.chat.completions.create(**request)
@@ -281,17 +288,32 @@ class SGLangClient:
         self.ids_way = way_of(response.model_dump())
         return self.ids_way
 
-    def _template_kwargs(self) -> dict[str, Any]:
+    def _template_kwargs(self, thinking: bool) -> dict[str, Any]:
         if self.family.thinking_kwarg:
-            return {self.family.thinking_kwarg: self.settings.thinking}
-        return {"thinking": self.settings.thinking, "enable_thinking": self.settings.thinking}
+            return {self.family.thinking_kwarg: thinking}
+        return {"thinking": thinking, "enable_thinking": thinking}
+
+    def asked(self, prompt: PromptRecord) -> tuple[dict[str, Any], bool, str]:
+        """(sampling parameters, thinking, recipe name) of this prompt: the worker's settings,
+        overridden by its recipe's policy (streams/core/recipes.py)."""
+        policy = prompt.generation_policy()
+        sampling = effective_sampling(self.settings.sampling.as_dict(), policy)
+        thinking = effective_thinking(self.settings.thinking, policy)
+        return sampling, thinking, policy.recipe if policy is not None else ""
+
+    def served(self) -> dict[str, Any]:
+        """Who answered, for the completion's provenance."""
+        served = {"kind": self.server_kind, "version": self.server_version}
+        return served | ({"revision": self.model_revision} if self.model_revision else {})
 
     async def complete(self, prompt: PromptRecord) -> CompletionRecord:
         if self.native is not None:
             return await self._complete_native(prompt, self.native)
-        sampling = self.settings.sampling
+        sampling, thinking, recipe = self.asked(prompt)
+        kwargs = self._template_kwargs(thinking)
         extra_body: dict[str, Any] = {
-            "chat_template_kwargs": self._template_kwargs(),
+            **{k: v for k, v in sampling.items() if k not in OPENAI_FIELDS},
+            "chat_template_kwargs": kwargs,
             "separate_reasoning": True,
         }
         if self.settings.return_token_ids:
@@ -299,13 +321,9 @@ class SGLangClient:
         request: dict[str, Any] = {
             "model": self.model,
             "messages": prompt.messages,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "max_tokens": sampling.max_tokens,
+            **{k: v for k, v in sampling.items() if k in OPENAI_FIELDS},
             "extra_body": extra_body,
         }
-        if sampling.seed is not None:
-            request["seed"] = sampling.seed
         if prompt.tools:
             request["tools"] = prompt.tools
         started = time.monotonic()
@@ -336,16 +354,18 @@ class SGLangClient:
             output_token_ids=ids.output if exact else None,
             model=self.model,
             server=self.base_url,
-            sampling={**sampling.as_dict(), "chat_template_kwargs": self._template_kwargs()},
+            sampling={**sampling, "chat_template_kwargs": kwargs},
+            recipe=recipe,
+            served=self.served(),
             normalization=self.normalization.name,
             latency_s=round(time.monotonic() - started, 4),
         )
 
     async def _complete_native(self, prompt: PromptRecord, native: NativeChat) -> CompletionRecord:
-        sampling = self.settings.sampling
+        sampling, thinking, recipe = self.asked(prompt)
         started = time.monotonic()
         try:
-            rendered = native.render(prompt)
+            rendered = native.render(prompt, thinking)
             headers = {"Content-Type": "application/json", **self._auth_headers()}
             body = orjson.dumps(native.request(rendered, sampling))
             try:
@@ -370,7 +390,9 @@ class SGLangClient:
             **fields,
             model=self.model,
             server=self.base_url,
-            sampling={**sampling.as_dict(), "chat_template_kwargs": native.template_kwargs()},
+            sampling={**sampling, "chat_template_kwargs": native.template_kwargs(thinking)},
+            recipe=recipe,
+            served=self.served(),
             normalization=self.normalization.name,
             latency_s=round(time.monotonic() - started, 4),
         )

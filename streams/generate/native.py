@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from streams.core.parsers import split_reasoning
+from streams.core.recipes import NATIVE_NAMES
 from streams.core.records import PromptRecord
 from streams.core.serving import (
     NEWEST,
     NormalizationError,
     ServerNormalization,
 )
-from streams.core.settings import SamplingSettings
 from streams.core.tokenizers import LoadedTokenizer
 
 
@@ -45,6 +45,7 @@ class NativePrompt:
     input_ids: list[int]
     tools: list[dict[str, Any]] | None  # as the template and the parser get them
     history_tool_calls: int
+    thinking: bool = True  # the template kwarg it was rendered with; the answer is split by it
 
 
 class NativeChat:
@@ -67,17 +68,22 @@ class NativeChat:
         stop = ids[0] if len(ids) == 1 else getattr(self.tokenizer, "eos_token_id", None)
         self.stop_token_ids = [int(stop)] if stop is not None else []
 
-    def template_kwargs(self) -> dict[str, Any]:
+    def template_kwargs(self, thinking: bool | None = None) -> dict[str, Any]:
+        thinking = self.thinking if thinking is None else thinking
         if self.profile.thinking_kwarg:
-            return {self.profile.thinking_kwarg: self.thinking}
-        return {"thinking": self.thinking, "enable_thinking": self.thinking}
+            return {self.profile.thinking_kwarg: thinking}
+        return {"thinking": thinking, "enable_thinking": thinking}
 
-    def render(self, prompt: PromptRecord) -> NativePrompt:
-        return self.render_messages(prompt.messages, prompt.tools)
+    def render(self, prompt: PromptRecord, thinking: bool | None = None) -> NativePrompt:
+        return self.render_messages(prompt.messages, prompt.tools, thinking=thinking)
 
-    def render_messages(self, messages: Any, tools: Any, tool_choice: Any = "auto") -> NativePrompt:
+    def render_messages(
+        self, messages: Any, tools: Any, tool_choice: Any = "auto", thinking: bool | None = None
+    ) -> NativePrompt:
         """The prompt ids SGLang's chat endpoint of the profile's versions would use for this
-        request (the same preprocessing, template and kwargs)."""
+        request (the same preprocessing, template and kwargs; `thinking`: the worker's when
+        None)."""
+        thinking = self.thinking if thinking is None else thinking
         normalization = self.normalization
         try:
             prepared, template_tools = normalization.prepare(
@@ -94,25 +100,22 @@ class NativeChat:
                 tools=template_tools,
                 add_generation_prompt=True,
                 tokenize=False,
-                **normalization.template_kwargs(self.template_kwargs()),
+                **normalization.template_kwargs(self.template_kwargs(thinking)),
             )
         except Exception as err:  # jinja errors, raise_exception(), bad message shapes
             raise NativeError("template_error", f"{type(err).__name__}: {err}") from None
         ids = self.tokenizer.encode(str(text), add_special_tokens=False)
         calls = sum(len(m.get("tool_calls") or []) for m in prepared if m["role"] == "assistant")
-        return NativePrompt([int(i) for i in ids], template_tools, calls)
+        return NativePrompt([int(i) for i in ids], template_tools, calls, thinking)
 
-    def request(self, native: NativePrompt, sampling: SamplingSettings) -> dict[str, Any]:
-        params: dict[str, Any] = {
-            "max_new_tokens": sampling.max_tokens,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
+    def request(self, native: NativePrompt, sampling: dict[str, Any]) -> dict[str, Any]:
+        """/generate's body; `sampling`: the parameters by their chat API names."""
+        params: dict[str, Any] = {NATIVE_NAMES.get(k, k): v for k, v in sampling.items()}
+        params |= {
             "stop_token_ids": self.stop_token_ids,
             # as the chat endpoint: special tokens kept when tools are given, for the parser
             "skip_special_tokens": not native.tools,
         }
-        if sampling.seed is not None:
-            params["sampling_seed"] = sampling.seed
         return {"input_ids": native.input_ids, "sampling_params": params}
 
     def completion_fields(self, native: NativePrompt, body: Any) -> dict[str, Any]:
@@ -125,7 +128,7 @@ class NativeChat:
         finish = (meta.get("finish_reason") or {}).get("type")
         reasoning, content = None, text
         profile = self.profile
-        if profile.reasoning_parser and self.thinking:
+        if profile.reasoning_parser and native.thinking:
             tool_start = profile.tool_start if native.tools else None
             split = split_reasoning(
                 text, profile.think_open, profile.think_close, profile.prefills_think, tool_start

@@ -38,8 +38,10 @@ from streams.core.ledger import (
     ledger_value,
     settings_hash,
 )
+from streams.core.recipes import Policy, effective_sampling, effective_thinking
+from streams.core.record_fields import RecordError
 from streams.core.settings import GenerateSettings
-from streams.core.turns import FINAL, REGEN_MODES
+from streams.core.turns import FINAL
 from streams.generate.claims import Held, LedgerClaims, Work, WorkQueue
 from streams.generate.outputs import Completion, LedgerMark, Letter, Output
 from streams.generate.ports import Gate, Ledger, ServerClient
@@ -53,21 +55,22 @@ log = logging.getLogger(__name__)
 RELEASE_S = 5.0
 
 
-def prompt_mode(value: bytes) -> tuple[str, str]:
-    """(regen mode, nonce) of a prompt record: the nonce names a `--regenerate` publish ("" for
-    any other); a bad record gets defaults (the stage dead-letters it)."""
+def prompt_mode(value: bytes) -> tuple[str, str, Policy | None]:
+    """(regen mode, nonce, recipe policy) of a prompt record: the nonce names a `--regenerate`
+    publish ("" for any other); a bad record gets defaults (the stage dead-letters it)."""
     try:
         record = orjson.loads(value)
         meta = record.get("meta") or {}
-    except (orjson.JSONDecodeError, AttributeError):
-        return FINAL, ""
+        policy = Policy.from_dict(record["policy"]) if record.get("policy") is not None else None
+    except (orjson.JSONDecodeError, AttributeError, RecordError):
+        return FINAL, "", None
     if not isinstance(meta, dict):
-        return FINAL, ""
+        return FINAL, "", policy
     nonce = ""
     if meta.get(REGENERATE):
         published = repr(record.get("published_at")).encode()
         nonce = hashlib.sha256(published).hexdigest()[:12]
-    return str(meta.get("regen") or FINAL), nonce
+    return str(meta.get("regen") or FINAL), nonce, policy
 
 
 class Interrupted(Exception):
@@ -101,17 +104,16 @@ class OnceStage:
         self._running: dict[str, asyncio.Future[None]] = {}
         self.draining = False  # SIGTERM: stolen prompts not requesting stop
 
-    def settings_key(self, regen: str) -> str:
-        sampling = self.settings.sampling.as_dict()
-        return settings_hash(self.client.model, sampling, self.settings.thinking, regen)
-
-    def know_model(self) -> None:
-        """Once the model is known: the ledger keeps only this worker's settings."""
-        self.ledger.restrict({self.settings_key(mode) for mode in REGEN_MODES})
+    def settings_key(self, regen: str, policy: Policy | None = None) -> str:
+        """The ledger's settings of a prompt: what the worker sends for it (its own settings,
+        overridden by the prompt's recipe), hashed as `draftgen audit` hashes a completion's."""
+        sampling = effective_sampling(self.settings.sampling.as_dict(), policy)
+        thinking = effective_thinking(self.settings.thinking, policy)
+        return settings_hash(self.client.model, sampling, thinking, regen)
 
     def work_of(self, key: bytes, value: bytes) -> Work:
-        regen, nonce = prompt_mode(value)
-        return Work(key.decode("utf-8", "replace"), self.settings_key(regen), nonce)
+        regen, nonce, policy = prompt_mode(value)
+        return Work(key.decode("utf-8", "replace"), self.settings_key(regen, policy), nonce)
 
     def spoken_for(self, prompt_id: str, value: bytes) -> bool:
         """Settled, or held by another worker's claim: not for a thief."""

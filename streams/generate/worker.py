@@ -155,8 +155,6 @@ class GenerateWorker:
         """Wait for the server to answer, learn its model, then let the intake take prompts."""
         url = self.client.base_url
         await self._ask(f"asking {url} for its model", self.client.discover)
-        if self.once is not None:
-            self.once.know_model()
         normalization = await self._ask(
             f"asking {url} for its version", self.client.use_server_version
         )

@@ -12,7 +12,6 @@ from streams.core.ledger import (
     DONE,
     REGENERATE,
     Claim,
-    LedgerFollower,
     LedgerState,
     claim_key,
     dead_key,
@@ -23,7 +22,6 @@ from streams.core.ledger import (
     split_key,
     work_key,
 )
-from streams.core.settings import KafkaSettings
 from streams.generate.once import prompt_mode
 
 
@@ -51,27 +49,13 @@ def test_prompt_mode_reads_regen_and_names_each_regenerate_publish() -> None:
             {"prompt_id": "p", "messages": [], "meta": meta, "published_at": published_at}
         )
 
-    assert prompt_mode(record({"row": 1})) == ("final", "")
-    assert prompt_mode(record({"regen": "every-turn"})) == ("every-turn", "")
-    regen, nonce = prompt_mode(record({REGENERATE: True}))
+    assert prompt_mode(record({"row": 1})) == ("final", "", None)
+    assert prompt_mode(record({"regen": "every-turn"})) == ("every-turn", "", None)
+    regen, nonce, _ = prompt_mode(record({REGENERATE: True}))
     assert regen == "final" and nonce  # its own work key: the earlier outcome does not count
     assert prompt_mode(record({REGENERATE: True}, 2.0))[1] not in ("", nonce)  # another publish
     assert prompt_mode(record({REGENERATE: True}))[1] == nonce  # a redelivery of the same one
-    assert prompt_mode(b"not json") == ("final", "")  # the stage dead-letters it
-
-
-def test_a_follower_restricted_to_a_workers_settings_keeps_only_their_keys() -> None:
-    """A worker learns its settings hashes once it knows its model: from then on the follower
-    holds one key per prompt generated with them, not every generation ever recorded."""
-    follower = LedgerFollower(KafkaSettings(bootstrap="127.0.0.1:9"))  # never connected to
-    follower.add("a", "mine")
-    follower.add_dead("b", "every-turn-mine")
-    follower.add("a", "another-model")
-    follower.add_dead("c", "another-model")
-    follower.restrict({"mine", "every-turn-mine"})
-    assert follower.keys == {ledger_key("a", "mine"), dead_key("b", "every-turn-mine")}
-    assert follower.contains("a", "mine") and follower.ended("b", "every-turn-mine")
-    assert not follower.ended("c", "another-model")
+    assert prompt_mode(b"not json") == ("final", "", None)  # the stage dead-letters it
 
 
 def test_a_claim_is_no_outcome_and_its_release_carries_the_outcome() -> None:
@@ -145,17 +129,6 @@ def test_a_claim_read_back_resolves_its_writers_wait() -> None:
         assert await asyncio.wait_for(won, 1) is False
 
     asyncio.run(scenario())
-
-
-def test_claims_are_kept_only_for_a_workers_settings() -> None:
-    state = LedgerState()
-    claim = Claim("w", until=time.time() + 30).encode()
-    state.take(claim_key(ledger_key("a", "mine")).encode(), claim)
-    state.take(claim_key(ledger_key("b", "another-model")).encode(), claim)
-    state.restrict({"mine"})
-    assert set(state.claims) == {ledger_key("a", "mine")}
-    state.take(claim_key(work_key("c", "another-model", "n")).encode(), claim)
-    assert state.claim("c", "another-model") is None and len(state.claims) == 1
 
 
 def test_a_watcher_wakes_at_the_next_record_of_its_work() -> None:

@@ -8,7 +8,7 @@ millisecond or two, so the retry paths run in no time.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from aiokafka.errors import MessageSizeTooLargeError
@@ -196,7 +196,6 @@ class FakeLedger(LedgerState):
         super().__init__()
         self.caught_up = asyncio.Event()
         self.caught_up.set()
-        self.kept: frozenset[str] | None = None
         self.stopped = False
 
     async def start(self) -> None:
@@ -204,10 +203,6 @@ class FakeLedger(LedgerState):
 
     async def stop(self) -> None:
         self.stopped = True
-
-    def restrict(self, settings: Iterable[str]) -> None:
-        self.kept = frozenset(settings)
-        super().restrict(settings)
 
 
 class FakeBacklogs:

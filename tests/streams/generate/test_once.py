@@ -16,12 +16,10 @@ from tests.streams.generate.fakes import (
     LEDGER,
     FakeClient,
     FakeKafka,
-    FakeLedger,
     once_worker,
     run,
     settings_key,
     until,
-    worker_for,
 )
 
 
@@ -139,26 +137,5 @@ def test_the_ledger_worker_dead_letters_a_completion_over_the_limit_before_sendi
         assert kafka.sent_to(COMPLETIONS) == ["p1"]
         assert ledger.ended("p0", settings_key(worker))
         await worker.stop()
-
-    run(scenario)
-
-
-def test_the_ledger_keeps_only_the_workers_settings_once_its_model_is_known() -> None:
-    """Memory bounded by the prompts generated with this worker's settings, not by every
-    generation the ledger ever recorded."""
-
-    async def scenario() -> None:
-        client, kafka = FakeClient(), FakeKafka()
-        ledger = FakeLedger()
-        ledger.add("old", "another-model-hash")
-        ledger.add("kept", "0" * 16)
-        worker = worker_for(client, kafka, ledger=ledger)
-        ledger.add("kept", settings_key(worker))  # before the model is known: a guess
-        await worker.start()
-        kept = {settings_key(worker, "final"), settings_key(worker, "every-turn")}
-        assert ledger.kept == kept
-        assert ledger.keys <= {ledger_key("kept", key) for key in kept}
-        await worker.stop()
-        assert ledger.stopped
 
     run(scenario)

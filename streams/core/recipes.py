@@ -1,0 +1,129 @@
+"""A sample's generation policy: the sampling parameters and thinking mode its source's recipe
+asks for (producers/recipes.py), carried in its prompt record (`PromptRecord.policy`). Any
+generate worker serves any policy, so one fleet and one consumer group build a mixed dataset;
+a worker's own flags (`--temperature`, `--no-thinking`, …) are the defaults a policy overrides
+(`effective_sampling`, `effective_thinking`).
+
+A source that asks for several answers per prompt publishes each as a prompt record of its own:
+sample k > 0 of prompt P has the id ``P~k`` (`sample_id`), deterministic from the prompt and the
+index, so the ledger, the shards and replay keep the samples apart, and a seed, when the policy
+has one, is the recipe's seed + k (else every sample would be the same answer).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from streams.core.record_fields import RecordError
+
+# The sampling parameters a policy may set, with SGLang's own ranges (SamplingParams.verify;
+# vLLM checks the same): a value out of range is refused at publish, not by every server.
+SAMPLING_HELP = {
+    "temperature": "≥ 0 (0: greedy)",
+    "top_p": "in (0, 1]",
+    "top_k": "-1 (off) or ≥ 1",
+    "min_p": "in [0, 1]",
+    "presence_penalty": "in [-2, 2]",
+    "frequency_penalty": "in [-2, 2]",
+    "repetition_penalty": "in (0, 2]",
+    "max_tokens": "≥ 1",
+    "seed": "an integer",
+}
+# sent as the OpenAI chat API's own fields; the others in the request body beside them
+# (SGLang and vLLM read top_k, min_p and repetition_penalty there)
+OPENAI_FIELDS = frozenset(
+    {"temperature", "top_p", "max_tokens", "seed", "presence_penalty", "frequency_penalty"}
+)
+# SGLang's /generate names (streams/generate/native.py)
+NATIVE_NAMES = {"max_tokens": "max_new_tokens", "seed": "sampling_seed"}
+SAMPLE_SEPARATOR = "~"
+
+
+class Sampling(BaseModel):
+    """A policy's sampling parameters; None: the worker's default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float | None = Field(None, ge=0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, gt=0, le=2)
+    max_tokens: int | None = Field(None, ge=1)
+    seed: int | None = None
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, value: int | None) -> int | None:
+        if value == 0:
+            raise ValueError("0")
+        return value
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+def sampling_error(err: ValidationError) -> str:
+    """One line for a refused sampling parameter: its name, value and range."""
+    first = err.errors()[0]
+    name = ".".join(str(part) for part in first["loc"])
+    if first["type"] == "extra_forbidden":
+        return f"{name} is not a sampling parameter (one of: {', '.join(SAMPLING_HELP)})"
+    return f"{name} = {first.get('input')!r}: must be {SAMPLING_HELP.get(name, first['msg'])}"
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What a prompt record asks of the worker that answers it."""
+
+    recipe: str = ""  # the recipe's name, for provenance
+    sampling: dict[str, Any] = field(default_factory=dict)  # Sampling.as_dict()
+    thinking: bool | None = None  # None: the worker's
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"recipe": self.recipe, "sampling": self.sampling}
+        if self.thinking is not None:
+            data["thinking"] = self.thinking
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Policy:
+        """The policy of a record's `policy` field; RecordError("bad_policy") when it is not
+        one (a record written by hand, or by a newer publisher)."""
+        if not isinstance(data, dict):
+            raise RecordError("bad_policy", "policy must be an object")
+        thinking = data.get("thinking")
+        if thinking is not None and not isinstance(thinking, bool):
+            raise RecordError("bad_policy", "policy.thinking must be true or false")
+        try:
+            sampling = Sampling.model_validate(data.get("sampling") or {})
+        except ValidationError as err:
+            raise RecordError("bad_policy", f"policy.sampling: {sampling_error(err)}") from None
+        return cls(str(data.get("recipe") or ""), sampling.as_dict(), thinking)
+
+
+def sample_id(prompt_id: str, index: int) -> str:
+    """The id of a prompt's sample `index` (0: the prompt's own id)."""
+    return prompt_id if index == 0 else f"{prompt_id}{SAMPLE_SEPARATOR}{index}"
+
+
+def thinking_for(sample: str, share_on: float) -> bool:
+    """Whether a sample thinks, in a mix with `share_on` of them thinking: decided by the
+    sample's id, so a republish or a resumed run decides the same."""
+    draw = int.from_bytes(hashlib.sha256(sample.encode()).digest()[:8], "big") / 2**64
+    return draw < share_on
+
+
+def effective_sampling(defaults: dict[str, Any], policy: Policy | None) -> dict[str, Any]:
+    """The sampling parameters sent: the worker's, overridden by the policy's."""
+    return defaults if policy is None or not policy.sampling else {**defaults, **policy.sampling}
+
+
+def effective_thinking(default: bool, policy: Policy | None) -> bool:
+    return default if policy is None or policy.thinking is None else policy.thinking
