@@ -7,18 +7,25 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
 from producers.clean import PromptCleaner
-from producers.sources import HF_PREFIX, Row, SourceSpec, count_rows, mix_sources, row_error
+from producers.recipes import samples_of
+from producers.sources import (
+    Row,
+    SourceSpec,
+    count_rows,
+    mix_sources,
+    row_error,
+    source_name,
+)
 from streams.core.delivery import letter_output
 from streams.core.ledger import REGENERATE, generated_prompt_ids, read_generated
 from streams.core.meter import Meter
 from streams.core.normalize import DEFAULT_ID_FIELD, make_prompt_record, source_id_of
-from streams.core.records import REMOVED_KINDS, DeadLetter, RecordError
+from streams.core.records import REMOVED_KINDS, DeadLetter, PromptRecord, RecordError
 from streams.core.settings import DEAD_LETTERS, PROMPTS, KafkaSettings
 from streams.core.topic_reader import TopicReader
 from streams.core.topics import prepare_topics
@@ -63,14 +70,6 @@ class PublishSummary:
         )
 
 
-def source_name(spec: SourceSpec) -> str:
-    """What the data calls a source: its file (or directory, or glob) name, or the `hf:` spec;
-    never a path of the publishing machine."""
-    if spec.path.startswith(HF_PREFIX):
-        return spec.path
-    return PurePosixPath(spec.path.rstrip("/")).name or spec.path
-
-
 async def publish(
     kafka: KafkaSettings,
     specs: list[SourceSpec],
@@ -82,6 +81,7 @@ async def publish(
     id_field: str = DEFAULT_ID_FIELD,
     skip_published: bool = False,
     cleaner: PromptCleaner | None = None,
+    recipe_name: str = "",
 ) -> PublishSummary:
     """Publish every row of `specs`; `regen` "every-turn" asks the generate stage to regenerate
     each assistant turn of a conversation, not only the final one (streams/generate/regen.py).
@@ -90,7 +90,8 @@ async def publish(
     prompt's `source_id`. `skip_published` (a resumed run) also skips prompts already on the
     prompts topic: an interrupted publish sends each prompt once. `cleaner` removes prompts
     whose text was published already or that contain an evaluation task (dead letters, counted
-    in `removed`)."""
+    in `removed`). A source with a recipe (`spec.recipe`, producers/recipes.py) publishes each
+    prompt as its recipe's samples, each carrying its policy; `recipe_name` names them."""
     meta = mark({}, regen)
     kafka = await prepare_topics(kafka)
     # What was generated before, by any publish run or source: not sent again.
@@ -148,6 +149,7 @@ async def publish(
                 id_field,
                 on_topic,
                 cleaner,
+                recipe_name,
             )
             rows += 1
             if meter is not None:
@@ -195,10 +197,15 @@ async def _publish_row(
     id_field: str,
     on_topic: set[str],
     cleaner: PromptCleaner | None,
+    recipe_name: str,
 ) -> None:
     if isinstance(row, bytes):
         await reject(spec, row_number, row_error(row), row)
         return
+    recipe = spec.recipe
+    if recipe is not None:  # the source's regen mode and id field over the publish's
+        meta = mark(meta, recipe.regen) if recipe.regen else meta
+        id_field = recipe.id_field or id_field
     try:
         record = make_prompt_record(
             row, source_name(spec), {**meta, "row": row_number}, id_field=id_field
@@ -209,17 +216,33 @@ async def _publish_row(
     if record.prompt_id in seen:
         summary.duplicates += 1
         return
+    seen.add(record.prompt_id)  # its exact copies are duplicates of it, removed or not
     if cleaner is not None and (removal := cleaner.check(record)) is not None:
-        seen.add(record.prompt_id)  # its exact copies are duplicates of it
         await reject(spec, row_number, removal, _dump(row), record.source_id)
         return
+    samples = [record] if recipe is None else samples_of(record, recipe_name, recipe)
+    for sample in samples:
+        await _publish_sample(
+            sample, spec, row_number, summary, send, reject, kafka, done, on_topic
+        )
+
+
+async def _publish_sample(
+    record: PromptRecord,
+    spec: SourceSpec,
+    row_number: int,
+    summary: PublishSummary,
+    send: Any,
+    reject: Any,
+    kafka: KafkaSettings,
+    done: set[str],
+    on_topic: set[str],
+) -> None:
     if record.prompt_id in done:
-        seen.add(record.prompt_id)
         summary.already_generated += 1
         summary.generated_ids.append(record.prompt_id)
         return
     if record.prompt_id in on_topic:
-        seen.add(record.prompt_id)
         summary.already_published += 1
         summary.pending_ids.append(record.prompt_id)
         return
@@ -229,7 +252,6 @@ async def _publish_row(
         log.warning("%s row %d: %s", spec.path, row_number, too_large.message)
         await reject(spec, row_number, too_large, value, record.source_id)
         return
-    seen.add(record.prompt_id)
     await send(kafka.topic(PROMPTS), record.prompt_id.encode(), value)
     summary.published += 1
     summary.prompt_ids.append(record.prompt_id)

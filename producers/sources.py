@@ -26,8 +26,8 @@ import random
 import re
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import fsspec
@@ -35,6 +35,7 @@ import orjson
 import pyarrow.parquet as pq
 from fsspec.utils import infer_compression
 
+from streams.core.recipes import SourceRecipe
 from streams.core.records import RecordError
 from streams.core.registry import Registry
 
@@ -52,9 +53,19 @@ _WEIGHT = re.compile(r"^(?P<path>.*):(?P<weight>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][
 class SourceSpec:
     path: str
     weight: float | None = None
+    # how its prompts are generated (producers/recipes.py); None: the flags'
+    recipe: SourceRecipe | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         return self.path if self.weight is None else f"{self.path}:{self.weight:g}"
+
+
+def source_name(spec: SourceSpec) -> str:
+    """What the data calls a source: its file (or directory, or glob) name, or the `hf:` spec;
+    never a path of the publishing machine."""
+    if spec.path.startswith(HF_PREFIX):
+        return spec.path
+    return PurePosixPath(spec.path.rstrip("/")).name or spec.path
 
 
 def parse_source_spec(text: str) -> SourceSpec:

@@ -43,6 +43,10 @@ SHARD_SCHEMA = pa.schema(
         # quality-gate rules the sample broke and was kept with (`--on-repetition flag`, …);
         # empty when none, null in shards that predate the column
         ("flags", pa.list_(pa.string())),
+        # what made the sample, as JSON (streams/tokenize/stage.py `provenance`): the model,
+        # who served it, the recipe, the sampling parameters sent and the thinking switch, the
+        # preprocessing profile; null in shards that predate the column
+        ("provenance", pa.string()),
     ]
 )
 
@@ -82,6 +86,7 @@ class SampleRow:
     # the SGLang preprocessing profile of its prompt; in the marker, not a column
     normalization: str = ""
     flags: Sequence[str] = ()
+    provenance: str | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -115,6 +120,7 @@ def rows_to_table(rows: Sequence[SampleRow]) -> pa.Table:
             "conversation_id": pa.array([r.conversation_id for r in rows], pa.string()),
             "source_id": pa.array([r.source_id for r in rows], pa.string()),
             "flags": pa.array([list(r.flags) for r in rows], pa.list_(pa.string())),
+            "provenance": pa.array([r.provenance for r in rows], pa.string()),
         },
         schema=SHARD_SCHEMA,
     )

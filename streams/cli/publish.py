@@ -34,6 +34,22 @@ def source_specs(sources: list[str]) -> list[Any]:
         raise CliError(str(err)) from None
 
 
+def recipe_sources(
+    sources: list[str], settings: PublishSettings, thinking_kwarg: Any = False
+) -> tuple[str, list[Any]]:
+    """(recipe name, the sources with their recipes): the named sources, else the recipe
+    file's, else the bundled samples; a recipe that cannot be used is one line."""
+    from producers.recipes import RecipeError, load_recipe, parse_source_recipe, with_recipes
+
+    try:
+        recipe = load_recipe(settings.recipe) if settings.recipe else None
+        overrides = [parse_source_recipe(text) for text in settings.source_recipe]
+        named = source_specs(sources) if sources or not (recipe and recipe.sources) else []
+        return with_recipes(named, recipe, overrides, thinking_kwarg)
+    except RecipeError as err:
+        raise CliError(str(err)) from None
+
+
 def cleaner_of(settings: PublishSettings, storage_options: dict[str, Any]) -> Any:
     """The publish's PromptCleaner (producers/clean.py); an evaluation set that cannot be read
     is one line."""
@@ -56,10 +72,11 @@ def run(args: argparse.Namespace) -> int:
 
     settings = build(PublishSettings, args)
     storage = StorageSettings(out="s3://").storage_options()
+    recipe, specs = recipe_sources(args.sources, settings)
     summary = asyncio.run(
         publish(
             build(KafkaSettings, args),
-            source_specs(args.sources),
+            specs,
             settings.limit,
             # sources may be on S3: the same credentials as the output
             storage,
@@ -68,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
             regenerate=settings.regenerate,
             id_field=settings.id_field,
             cleaner=cleaner_of(settings, storage),
+            recipe_name=recipe,
         )
     )
     print(summary.line())

@@ -18,7 +18,7 @@ import orjson
 
 from sinks.shards import ShardStore
 from streams.cli.flags import add_flags, build
-from streams.cli.publish import cleaner_of, source_specs
+from streams.cli.publish import cleaner_of, recipe_sources
 from streams.cli.resume import RUNS_DIR, RunRecord, choose_workdir, command_of, resume_hint
 from streams.core.errors import CliError
 from streams.core.meter import Meter
@@ -173,7 +173,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sources", nargs="*", help="prompt sources (default: the bundled samples)")
     add_flags(parser, RunSettings)
     add_flags(parser, KafkaSettings)
-    add_flags(parser, PublishSettings, only=["limit", "regen", "id_field"])
+    add_flags(
+        parser,
+        PublishSettings,
+        only=[
+            "limit",
+            "regen",
+            "id_field",
+            "recipe",
+            "source_recipe",
+            "dedup_text",
+            "decontaminate",
+            "contamination_ngram",
+            "near_duplicates",
+        ],
+    )
     # `run`'s own --tokenizer-dir serves both stages
     add_flags(parser, GenerateSettings, skip=["server", "kafka", "instance_id", "tokenizer_dir"])
     add_flags(parser, TokenizeSettings, only=TOKENIZE_FLAGS)
@@ -261,8 +275,9 @@ def _run(
 
     out = settings.out or str(workdir / "out")
     tokenizer = str(settings.tokenizer_dir or bundled_tokenizer_dir())
-    load_tokenizer(tokenizer)  # refuse to start on a bad tokenizer directory, before any service
-    specs = source_specs(args.sources)
+    # refuse to start on a bad tokenizer directory or recipe, before any service
+    family = load_tokenizer(tokenizer).profile
+    recipe, specs = recipe_sources(args.sources, publishing, family.thinking_kwarg)
     storage = StorageSettings(out=out)
     try:
         store = ShardStore(out, settings.dataset, storage.storage_options())
@@ -302,6 +317,7 @@ def _run(
                 id_field=publishing.id_field,
                 cleaner=cleaner_of(publishing, storage.storage_options()),
                 skip_published=resumed,
+                recipe_name=recipe,
             )
         )
         print(summary.line())

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -41,6 +41,7 @@ OPENAI_FIELDS = frozenset(
 # SGLang's /generate names (streams/generate/native.py)
 NATIVE_NAMES = {"max_tokens": "max_new_tokens", "seed": "sampling_seed"}
 SAMPLE_SEPARATOR = "~"
+MAX_SAMPLES = 64
 
 
 class Sampling(BaseModel):
@@ -76,6 +77,33 @@ def sampling_error(err: ValidationError) -> str:
     if first["type"] == "extra_forbidden":
         return f"{name} is not a sampling parameter (one of: {', '.join(SAMPLING_HELP)})"
     return f"{name} = {first.get('input')!r}: must be {SAMPLING_HELP.get(name, first['msg'])}"
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot be used, in one line."""
+
+
+class SourceRecipe(BaseModel):
+    """One source's part of a recipe (producers/recipes.py; its sampling parameters apart,
+    in `sampling`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str | None = None
+    weight: float | None = Field(None, gt=0, allow_inf_nan=False)
+    id_field: str | None = Field(None, min_length=1, max_length=200)
+    regen: Literal["final", "every-turn"] | None = None
+    samples: int = Field(1, ge=1, le=MAX_SAMPLES)
+    # a share in [0, 1] of samples that think, or all (true) or none (false)
+    thinking: bool | float | None = None
+    sampling: dict[str, Any] = Field(default_factory=dict)
+
+    def thinking_share(self) -> float | None:
+        if self.thinking is None or isinstance(self.thinking, bool):
+            return None if self.thinking is None else float(self.thinking)
+        if not 0 <= self.thinking <= 1:
+            raise RecipeError(f"thinking = {self.thinking}: a share must be in [0, 1]")
+        return self.thinking
 
 
 @dataclass(frozen=True)
@@ -127,3 +155,13 @@ def effective_sampling(defaults: dict[str, Any], policy: Policy | None) -> dict[
 
 def effective_thinking(default: bool, policy: Policy | None) -> bool:
     return default if policy is None or policy.thinking is None else policy.thinking
+
+
+def thinking_sent(sampling: dict[str, Any]) -> bool | None:
+    """The thinking switch a completion's recorded sampling sent (in `chat_template_kwargs`,
+    under the family's name for it); None when it sent none."""
+    kwargs = sampling.get("chat_template_kwargs")
+    if not isinstance(kwargs, dict):
+        return None
+    switches = [v for v in kwargs.values() if isinstance(v, bool)]
+    return switches[0] if switches else None

@@ -12,6 +12,7 @@ import numpy.typing as npt
 import orjson
 
 from streams.core.ledger import REGENERATE, settings_hash
+from streams.core.recipes import thinking_sent
 from streams.core.turns import EVERY_TURN, FINAL, parse_turn_id
 
 # hashes gathered in a Python list before they become an array
@@ -132,11 +133,9 @@ def completion_settings(data: dict[str, Any], every_turn: bool = False) -> str:
     regen mode (its prompt's meta; a turn's meta has it removed: a turn id is every-turn)."""
     given = data.get("sampling")
     sampling = dict(given) if isinstance(given, dict) else {}
-    kwargs = sampling.pop("chat_template_kwargs", None)
-    switches = (
-        [v for v in kwargs.values() if isinstance(v, bool)] if isinstance(kwargs, dict) else []
-    )
-    thinking = switches[0] if switches else True
+    sent = thinking_sent(sampling)
+    sampling.pop("chat_template_kwargs", None)
+    thinking = True if sent is None else sent
     meta = data.get("meta")
     regen = str(meta.get("regen") or FINAL) if isinstance(meta, dict) else FINAL
     return settings_hash(

@@ -45,6 +45,22 @@ class PublishSettings(Settings):
         min_length=1,
         max_length=200,
     )
+    # recipes (producers/recipes.py)
+    recipe: str | None = setting(
+        None,
+        cli=True,
+        help="a recipe file (TOML): each source's sampling, thinking (on, off or a share), "
+        "samples per prompt, regen mode, weight and id field; its sources are published when "
+        "none are named",
+        metavar="FILE",
+    )
+    source_recipe: list[str] = setting(
+        default_factory=list,
+        cli=True,
+        help="one source's recipe keys, over the recipe file's, e.g. "
+        "code.jsonl:temperature=0.6,samples=2,thinking=0.7; repeatable",
+        metavar="SOURCE:KEY=VALUE,...",
+    )
     # cleaning (producers/clean.py)
     dedup_text: bool = setting(
         True,
