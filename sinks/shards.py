@@ -43,9 +43,9 @@ SHARD_SCHEMA = pa.schema(
         # quality-gate rules the sample broke and was kept with (`--on-repetition flag`, …);
         # empty when none, null in shards that predate the column
         ("flags", pa.list_(pa.string())),
-        # what made the sample, as JSON (streams/tokenize/stage.py `provenance`): the model,
-        # who served it, the recipe, the sampling parameters sent and the thinking switch, the
-        # preprocessing profile; null in shards that predate the column
+        # what made the sample, as JSON (CompletionRecord.provenance): the model, who served
+        # it, the recipe, the sampling parameters sent and the thinking switch, the
+        # preprocessing profile, the tokenizer's and template's hashes; null in older shards
         ("provenance", pa.string()),
     ]
 )

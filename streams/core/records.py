@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from streams.core.recipes import Policy
+from streams.core.recipes import Policy, thinking_sent
 from streams.core.record_fields import (
     PACKED_IDS,
     Check,
@@ -247,6 +247,25 @@ class CompletionRecord(_Record):
             policy=prompt.policy,
             **generated,
         )
+
+    def provenance_fields(self) -> dict[str, Any]:
+        """What made it (a shard row's and an export's `provenance`): the model, who served
+        it, its recipe, the sampling parameters sent and the thinking switch among them, and
+        the preprocessing profile its prompt was rendered with."""
+        return {
+            "model": self.model,
+            "served": self.served,
+            "recipe": self.recipe,
+            "sampling": self.sampling,
+            "thinking": thinking_sent(self.sampling or {}),
+            "normalization": self.normalization,
+        }
+
+    def provenance(self, tokenized_with: dict[str, str] | None = None) -> str:
+        """`provenance_fields` and what tokenized it (the tokenizer's and chat template's
+        hashes) as JSON, keys sorted: the shards' column."""
+        fields = {**self.provenance_fields(), **(tokenized_with or {})}
+        return orjson.dumps(fields, option=orjson.OPT_SORT_KEYS).decode()
 
     def generated_message(self) -> Message:
         """The generated turn as an OpenAI assistant message."""

@@ -28,6 +28,14 @@ class LoadedTokenizer:
     chat_template: str
     template_sha256: str
     directory: Path
+    tokenizer_sha256: str = ""  # `tokenizer_digest` of the directory
+
+    def hashes(self) -> dict[str, str]:
+        """What a sample's provenance and a version's manifest name the tokenizer by."""
+        return {
+            "chat_template_sha256": self.template_sha256,
+            "tokenizer_sha256": self.tokenizer_sha256,
+        }
 
 
 def load_tokenizer(
@@ -68,7 +76,32 @@ def load_tokenizer(
         chat_template=template,
         template_sha256=hashlib.sha256(template.encode()).hexdigest(),
         directory=directory,
+        tokenizer_sha256=tokenizer_digest(directory),
     )
+
+
+# the files that make a tokenizer besides its vocabulary; a model directory also holds weights,
+# which are never read here
+_TOKENIZER_FILES = (
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "merges.txt",
+)
+
+
+def tokenizer_digest(directory: Path) -> str:
+    """sha256 over the tokenizer's own files (names and bytes, in name order): its config, its
+    vocabulary and any remote code, so two directories that tokenize alike hash alike."""
+    names = {*_TOKENIZER_FILES, *_VOCABULARIES, *(p.name for p in directory.glob("*.py"))}
+    digest = hashlib.sha256()
+    for name in sorted(names):
+        path = directory / name
+        if path.is_file():
+            digest.update(name.encode() + b"\0")
+            digest.update(path.read_bytes())
+            digest.update(b"\0")
+    return digest.hexdigest()
 
 
 # the files a vocabulary is read from, by the tokenizer classes transformers ships

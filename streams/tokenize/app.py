@@ -42,7 +42,7 @@ def manifest(settings: TokenizeSettings, loaded: LoadedTokenizer) -> dict[str, A
     return {
         "dataset": settings.dataset,
         "tokenizer_dir": str(loaded.directory),
-        "chat_template_sha256": loaded.template_sha256,
+        **loaded.hashes(),
         "chat_template_file": settings.chat_template_file,
         "family": loaded.profile.name,
         "token_source": settings.token_source,
@@ -104,6 +104,7 @@ def build_tokenize_app(
         guard=guard,
         on_sealed=stop_sealed,
         prompts=held_prompts(settings),
+        tokenized_with=loaded.hashes(),
     )
     observe_tokenize(
         app, worker, TokenizeMetrics(settings.dataset, declared(TokenizeStats)), observe

@@ -15,15 +15,12 @@ import logging
 import time
 from collections.abc import Callable, Hashable
 
-import orjson
-
 from sinks.shards import SampleRow, ShardMarker, ShardStore
 from sinks.sink import STORAGE_BACKOFF, Admitted, Prepared, ShardSink
 from streams.core.crash_guard import CRASH_LOOP, CrashGuard
 from streams.core.delivery import Send, letter_output, send_dead_letter
 from streams.core.events import Event
 from streams.core.faults import AFTER_DEAD_LETTERS, AFTER_MARKER, crash_point
-from streams.core.recipes import thinking_sent
 from streams.core.records import CompletionRecord, DeadLetter, RecordError, origin_of
 from streams.core.retry import Backoff
 from streams.core.settings import TokenizeSettings
@@ -72,10 +69,13 @@ class TokenizeWorker:
         guard: CrashGuard | None = None,
         on_sealed: Callable[[str], None] | None = None,
         prompts: frozenset[str] | None = None,
+        tokenized_with: dict[str, str] | None = None,
     ):
         self.guard = guard
         # the prompt ids (and conversations) the version holds; None: every completion
         self.prompts = prompts
+        # the tokenizer's and template's hashes, in every row's provenance
+        self.tokenized_with = tokenized_with or {}
         self.settings = settings
         self.builder = builder
         self.send = send
@@ -226,26 +226,8 @@ class TokenizeWorker:
             drift_cause=sample.drift_cause.key if sample.drift_cause else None,
             normalization=sample.normalization,
             flags=sample.flags,
-            provenance=provenance(completion),
+            provenance=completion.provenance(self.tokenized_with),
         )
-
-
-def provenance(completion: CompletionRecord) -> str:
-    """What made a sample, for its shard row: the model, who served it, its recipe, the
-    sampling parameters sent (the thinking switch among them, in `chat_template_kwargs`) and
-    the preprocessing profile its prompt was rendered with."""
-    sampling = completion.sampling or {}
-    return orjson.dumps(
-        {
-            "model": completion.model,
-            "served": completion.served,
-            "recipe": completion.recipe,
-            "sampling": sampling,
-            "thinking": thinking_sent(sampling),
-            "normalization": completion.normalization,
-        },
-        option=orjson.OPT_SORT_KEYS,
-    ).decode()
 
 
 def _tokens(completion: CompletionRecord) -> int:

@@ -61,6 +61,7 @@ CONVERSATION_SCHEMA = pa.schema(
         ("source", pa.string()),
         ("source_id", pa.string()),
         ("finish_reason", pa.string()),
+        ("provenance", pa.string()),  # CompletionRecord.provenance_fields(), as JSON
     ]
 )
 
@@ -76,6 +77,7 @@ def conversation(completion: CompletionRecord) -> dict[str, Any]:
     row["source"] = completion.source
     row["source_id"] = completion.source_id
     row["finish_reason"] = completion.finish_reason
+    row["provenance"] = completion.provenance_fields()
     return row
 
 
@@ -107,6 +109,7 @@ def conversations_parquet(table: pa.Table) -> pa.Table:
         row = orjson.loads(encoded)
         row["conversations"] = [_message_for_parquet(m) for m in row["conversations"]]
         row["tools"] = _text(row.get("tools"))
+        row["provenance"] = _text(row.get("provenance"))
         rows.append(row)
     return pa.Table.from_pylist(rows, schema=CONVERSATION_SCHEMA)
 

@@ -209,7 +209,9 @@ class JsonlPart:
             for encoded in table["json"].to_pylist():
                 self.handle.write(encoded + b"\n")
             return
-        for row in table_rows(table.select(list(SPECFORGE_COLUMNS))):
+        # SpecForge reads the three columns and ignores the others; provenance stays JSON
+        # text, as in the shards: one type in every row for loaders that infer a schema
+        for row in table_rows(table.select([*SPECFORGE_COLUMNS, "provenance"])):
             self.handle.write(orjson.dumps(row, option=self.OPTION))
 
     def close(self) -> None:

@@ -28,7 +28,10 @@ DATA_MD = Path(__file__).resolve().parents[3] / "docs" / "data.md"
 
 def sample(pid: str, prompt: int, mask: list[int], source: str, finish: str) -> SampleRow:
     ids = list(range(1000 + prompt + len(mask)))[-(prompt + len(mask)) :]
-    return SampleRow(pid, source, ids, [0] * prompt + mask, finish, "server")
+    provenance = f'{{"recipe":"mix","sampling":{{"temperature":0.6}},"source":"{source}"}}'
+    row = SampleRow(pid, source, ids, [0] * prompt + mask, finish, "server")
+    row.provenance = provenance
+    return row
 
 
 ROWS = [
@@ -61,7 +64,12 @@ def specforge_keeps(row: SampleRow, max_length: int, min_loss_tokens: int = 2) -
     ids, mask = list(row.input_ids)[:max_length], list(row.loss_mask)[:max_length]
     if sum(mask) < min_loss_tokens or not any(a and b for a, b in itertools.pairwise(mask)):
         return None
-    return {"prompt_id": row.prompt_id, "input_ids": ids, "loss_mask": mask}
+    return {
+        "prompt_id": row.prompt_id,
+        "input_ids": ids,
+        "loss_mask": mask,
+        "provenance": row.provenance,
+    }
 
 
 def test_specforge_jsonl_holds_exactly_the_rows_specforge_trains_on(
@@ -70,7 +78,8 @@ def test_specforge_jsonl_holds_exactly_the_rows_specforge_trains_on(
     path = tmp_path / "train.jsonl"
     assert export(out, "specforge", path, "--max-seq-len", "8") == 0
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert set(lines[0]) == {"prompt_id", "input_ids", "loss_mask"}  # pre-tokenized to SpecForge
+    # pre-tokenized to SpecForge, which ignores the other fields
+    assert set(lines[0]) == {"prompt_id", "input_ids", "loss_mask", "provenance"}
     expected = [kept for row in ROWS if (kept := specforge_keeps(row, 8)) is not None]
     assert lines == expected
     assert [line["prompt_id"] for line in lines] == ["short", "long", "tools"]

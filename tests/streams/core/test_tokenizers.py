@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from streams.core.families import TokenizerDirError
-from streams.core.tokenizers import load_tokenizer
+from streams.core.tokenizers import load_tokenizer, tokenizer_digest
 
 # A Qwen3-style template (the model writes <think> itself): no prefill after the prompt.
 QWEN3_TEMPLATE = (
@@ -83,3 +83,18 @@ def test_a_directory_that_does_not_load_is_told_what_it_lacks(
 
     (bare / "tokenizer_config.json").write_text("{not json")
     assert _refusal(bare).startswith("tokenizer_config.json is not JSON")
+
+
+def test_the_tokenizer_hash_follows_its_files_not_the_rest_of_the_directory(
+    kimi_k26_tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(kimi_k26_tokenizer_dir, copy)
+    first = load_tokenizer(copy).hashes()
+    assert set(first) == {"chat_template_sha256", "tokenizer_sha256"}
+    (copy / "model-00001-of-00064.safetensors").write_bytes(b"weights")
+    assert tokenizer_digest(copy) == first["tokenizer_sha256"]
+    (copy / "tokenization_kimi.py").write_text(
+        (copy / "tokenization_kimi.py").read_text() + "\n# changed\n"
+    )
+    assert tokenizer_digest(copy) != first["tokenizer_sha256"]

@@ -73,6 +73,7 @@ class Stage:
         generation: int = 0,
         guard: CrashGuard | None = None,
         prompts: frozenset[str] | None = None,
+        tokenized_with: dict[str, str] | None = None,
         **settings: Any,
     ):
         self.log: list[tuple[Any, ...]] = []
@@ -92,6 +93,7 @@ class Stage:
             generation=lambda: generation,
             guard=guard,
             prompts=prompts,
+            tokenized_with=tokenized_with,
         )
         self.offset = 0
 

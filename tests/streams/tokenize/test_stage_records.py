@@ -188,3 +188,33 @@ def test_a_sample_row_keeps_its_sources_name_and_row_id(tmp_path: Path) -> None:
         {"prompt_id": "a", "source": "prompts.jsonl", "source_id": "row-7"},
         {"prompt_id": "b", "source": "prompts.jsonl", "source_id": None},
     ]
+
+
+def test_a_sample_row_says_what_made_it(tmp_path: Path) -> None:
+    hashes = {"chat_template_sha256": "t" * 64, "tokenizer_sha256": "k" * 64}
+    stage = Stage(tmp_path, shard_max_records=1, tokenized_with=hashes)
+    sampling = {"temperature": 0.6, "chat_template_kwargs": {"thinking": False}}
+    served = {"kind": "sglang", "version": "0.5.9", "model_revision": "abc123"}
+    record = CompletionRecord(
+        prompt_id="a~1",
+        messages=[{"role": "user", "content": "hi"}],
+        content="ok",
+        prompt_token_ids=[1, 2],
+        output_token_ids=[3, 4],
+        model="kimi-k2.6",
+        sampling=sampling,
+        recipe="k26-mix",
+        served=served,
+        normalization="kimi_k26",
+    )
+    asyncio.run(stage.add(record.encode(), key=b"a~1"))
+    [row] = DatasetReader(stage.store).table().to_pylist()
+    assert orjson.loads(row["provenance"]) == {
+        "model": "kimi-k2.6",
+        "served": served,
+        "recipe": "k26-mix",
+        "sampling": sampling,
+        "thinking": False,
+        "normalization": "kimi_k26",
+        **hashes,
+    }
