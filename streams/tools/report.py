@@ -59,6 +59,7 @@ from streams.tools.report_lengths import (
     sample_lengths,
     think_close_id,
 )
+from streams.tools.report_provenance import ProvenanceTotals
 from streams.tools.worker_figures import DUPLICATES
 
 NOT_RECORDED = "not recorded"
@@ -145,9 +146,11 @@ class _Totals:
     lengths: LengthCounts = field(default_factory=LengthCounts)
     # supervised tokens (loss_mask == 1) by token id: grows with the vocabulary, not the data
     token_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    provenance: ProvenanceTotals = field(default_factory=ProvenanceTotals)
 
     def add(self, table: pa.Table, think_close: int | None) -> None:
         self.samples += table.num_rows
+        self.provenance.add(table)
         self.tokens += int(pc.sum(table["num_tokens"]).as_py() or 0)
         self.loss_tokens += int(pc.sum(table["num_loss_tokens"]).as_py() or 0)
         grouped = table.group_by("source").aggregate(
@@ -268,6 +271,7 @@ def build_report(
         "by_source": _by_source(totals, drops, kafka),
         "finish_reasons": dict(totals.finish_reasons.most_common()),
         "token_sources": dict(totals.token_sources.most_common()),
+        "provenance": totals.provenance.section(),
     }
     if kafka is None:
         not_recorded.append("by_source.drop_rate")

@@ -217,6 +217,37 @@ def _gate(gate: dict[str, dict[str, Any]]) -> str:
     return "".join(parts)
 
 
+def _provenance(section: dict[str, Any]) -> str:
+    """Samples and tokens per provenance (report_provenance.py), largest first."""
+    rows = []
+    for group in section["groups"]:
+        made = group["provenance"] or {}
+        served = made.get("served") or {}
+        sampling = dict(made.get("sampling") or {})
+        sampling.pop("chat_template_kwargs", None)  # shown as thinking
+        hashes = [made.get(k) or "" for k in ("chat_template_sha256", "tokenizer_sha256")]
+        rows.append(
+            [
+                group["samples"],
+                group["tokens"],
+                (made.get("recipe") or "") if made else NOT_RECORDED,
+                made.get("model", ""),
+                " ".join(str(served[k]) for k in ("kind", "version", "revision") if k in served),
+                "" if made.get("thinking") is None else ("on" if made["thinking"] else "off"),
+                ", ".join(f"{k}={v}" for k, v in sorted(sampling.items())),
+                made.get("normalization", ""),
+                " / ".join(h[:12] for h in hashes),
+            ]
+        )
+    other = section["other"]
+    if other["groups"]:
+        rows.append([other["samples"], other["tokens"], f"{other['groups']} more groups"])
+        rows[-1] += [""] * 6
+    header = ["samples", "tokens", "recipe", "model", "served by", "thinking", "sampling sent"]
+    header += ["normalization", "template / tokenizer sha256"]
+    return _table(header, rows)
+
+
 def _image(name: str, png: bytes) -> str:
     data = base64.b64encode(png).decode()
     return f'<img id="plot-{name}" alt="{name}" src="data:image/png;base64,{data}">'
@@ -292,6 +323,10 @@ def render_html(report: dict[str, Any], pngs: dict[str, bytes]) -> str:
             unit="dead letters",
         ),
         _image("policy_drops", pngs["policy_drops"]) if "policy_drops" in pngs else "",
+        "<h2>Provenance</h2>",
+        '<p class="note">what made the samples: each group shares its recipe, model, server, '
+        "sampling sent (a sample's seed aside), thinking, normalization and tokenizer</p>",
+        _provenance(report["provenance"]),
         "<h2>Quality gate</h2>",
         _gate(report.get("quality_gate", {})),
         "<h2>Supervised tokens</h2>",

@@ -40,7 +40,7 @@ from streams.tools.report import (
     think_close_id,
     token_frequencies,
 )
-from streams.tools.report_render import figures
+from streams.tools.report_render import figures, plots, render_html
 
 CLOSE = 9  # the </think> id of these hand-made samples
 REPO = Path(__file__).resolve().parents[3]
@@ -437,3 +437,41 @@ def test_lengths_counted_give_the_figures_of_the_lengths_themselves(
     assert counts.distribution("total", bins) == distribution(np.abs(every), bins)
     assert counts.distribution("reasoning", bins) == distribution(every[every >= 0], bins)
     assert counts.unsplit == int((every < 0).sum())
+
+
+def made_by(recipe: str, thinking: bool, temperature: float, seed: int) -> str:
+    sampling = {"temperature": temperature, "seed": seed}
+    sampling["chat_template_kwargs"] = {"thinking": thinking}
+    fields = {"recipe": recipe, "model": "kimi-k2.6", "thinking": thinking, "sampling": sampling}
+    fields["served"] = {"kind": "sglang", "version": "0.5.9", "revision": "abc123"}
+    return orjson.dumps(fields).decode()
+
+
+def test_the_report_groups_samples_by_what_made_them_a_seed_aside(tmp_path: Path) -> None:
+    store = ShardStore(str(tmp_path / "out"), "v1")
+    store.write_manifest({"dataset": "v1"})
+    rows = [
+        row("a~0", 3, 2, 2, provenance=made_by("mix", True, 0.6, 1)),
+        row("a~1", 3, 2, 2, provenance=made_by("mix", True, 0.6, 2)),  # its own seed
+        row("b~0", 2, 0, 4, provenance=made_by("mix", False, 0.6, 1)),
+        row("c", 2, 0, 1, provenance=made_by("mix", True, 1.0, 1)),
+    ]
+    store.write_shard(0, 0, 1, rows[:2])
+    store.write_shard(1, 0, 2, [*rows[2:], row("old", 2, 0, 2)])  # written before the column
+    report = build_report(DatasetReader(store), think_close=CLOSE, split_note="")
+    section = report["provenance"]
+    found = [
+        (g["samples"], g["tokens"], g["provenance"] and g["provenance"]["sampling"])
+        for g in section["groups"]
+    ]
+    thinking, plain = {"thinking": True}, {"thinking": False}
+    assert found == [
+        (2, 14, {"temperature": 0.6, "chat_template_kwargs": thinking}),
+        # ties in the order of their keys: the unrecorded first
+        (1, 4, None),
+        (1, 6, {"temperature": 0.6, "chat_template_kwargs": plain}),
+        (1, 3, {"temperature": 1.0, "chat_template_kwargs": thinking}),
+    ]
+    assert section["other"] == {"groups": 0, "samples": 0, "tokens": 0}
+    page = render_html(report, plots(report))
+    assert "<td>sglang 0.5.9 abc123</td><td>on</td><td>temperature=0.6</td>" in page
