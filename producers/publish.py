@@ -56,12 +56,14 @@ class PublishSummary:
     generated_ids: list[str] = field(default_factory=list)
     # the ids of those already on the topic, waiting for their outcome
     pending_ids: list[str] = field(default_factory=list)
+    recipe: str = ""  # the recipe's name ("" without one): each sample is counted as published
 
     def line(self) -> str:
         rejected = sum(self.rejected.values())
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(self.rejected.items()))
         return (
-            f"published {self.published}, skipped as duplicates {self.duplicates}, "
+            (f"recipe {self.recipe}: " if self.recipe else "")
+            + f"published {self.published}, skipped as duplicates {self.duplicates}, "
             f"already generated {self.already_generated}, "
             + (f"already published {self.already_published}, " if self.already_published else "")
             + f"rejected {rejected}"
@@ -105,7 +107,7 @@ async def publish(
         **kafka.producer_kwargs(),  # acks=all, idempotent
     )
     await producer.start()
-    summary = PublishSummary()
+    summary = PublishSummary(recipe=recipe_name)
     seen: set[str] = set()
     pending: set[asyncio.Future[Any]] = set()
     dead_topic = kafka.topic(DEAD_LETTERS)

@@ -1,4 +1,4 @@
-"""Recipes: how each source's prompts are generated, given per source in a TOML file
+"""Recipes: how each source's prompts are generated, given per source in a TOML (or YAML) file
 (`--recipe FILE`) or on the command line (`--source-recipe NAME:KEY=VALUE,...`).
 
     name = "kimi-k26-mix"          # the recipe's name, in every sample's provenance
@@ -13,11 +13,13 @@
 
 A source's keys: the sampling parameters of streams/core/recipes.py (`temperature`, `top_p`,
 `top_k`, `min_p`, `presence_penalty`, `frequency_penalty`, `repetition_penalty`,
-`max_tokens`, `seed`), `thinking`, `samples`, `regen` (`final`, `every-turn`), `weight` and
-`id_field`. Unset keys are the publish's flags (regen, id field) or the generate workers' flags
-(sampling, thinking). Everything is checked when the recipe is read: a key that is not one, a
-value out of the servers' range, or thinking off for a family without a thinking switch is one
-line before anything is published (`RecipeError`).
+`max_tokens`, `seed`), `thinking`, `samples`, `regen` (`final`, `every-turn`), `weight`,
+`id_field`, and `gate`, the tokenize stage's verdict per rule (`gate = { repetition = "flag" }`,
+streams/core/recipes.py GATE_RULES). Unset keys are the publish's flags (regen, id field), the
+generate workers' flags (sampling, thinking) or the tokenize stage's (gate). Everything is
+checked when the recipe is read: a key that is not one, a value out of the servers' range, or
+thinking off for a family without a thinking switch is one line before anything is published
+(`RecipeError`).
 
 Each prompt then becomes `samples` prompt records (streams/core/recipes.py `sample_id`), each
 carrying its policy: the sampling, and thinking decided per sample from its id when the source
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from pydantic import ValidationError
 
 from producers.sources import SourceSpec, source_name
@@ -83,19 +86,28 @@ def source_recipe(table: dict[str, Any], where: str) -> SourceRecipe:
 
 def merged(base: SourceRecipe, over: SourceRecipe) -> SourceRecipe:
     """`over`'s keys where it sets them, else `base`'s."""
-    given = over.model_dump(exclude_unset=True, exclude={"sampling"})
-    return base.model_copy(update={**given, "sampling": {**base.sampling, **over.sampling}})
+    given = over.model_dump(exclude_unset=True, exclude={"sampling", "gate"})
+    sampling, gate = {**base.sampling, **over.sampling}, {**base.gate, **over.gate}
+    return base.model_copy(update={**given, "sampling": sampling, "gate": gate})
 
 
 def load_recipe(path: str) -> Recipe:
-    """A recipe file (TOML); its sources' relative paths are relative to it."""
+    """A recipe file (TOML, or YAML when it ends in .yaml or .yml: the same keys); its sources'
+    relative paths are relative to it."""
     file = Path(path)
+    yaml_file = file.suffix.lower() in (".yaml", ".yml")
     try:
-        data = tomllib.loads(file.read_text(encoding="utf-8"))
+        text = file.read_text(encoding="utf-8")
+        data = yaml.safe_load(text) if yaml_file else tomllib.loads(text)
     except OSError as err:
         raise RecipeError(f"cannot read {path}: {err.strerror or err}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise RecipeError(f"{file.name} is not TOML: {err}") from None
+    except (tomllib.TOMLDecodeError, yaml.YAMLError, UnicodeDecodeError) as err:
+        kind = "YAML" if yaml_file else "TOML"
+        raise RecipeError(f"{file.name} is not {kind}: {_one_line(str(err))}") from None
+    if data is None and yaml_file:
+        data = {}
+    if not isinstance(data, dict):
+        raise RecipeError(f"{file.name}: a recipe is a table of name, defaults and sources")
     unknown = set(data) - {"name", "defaults", "sources"}
     if unknown:
         raise RecipeError(f"{file.name}: unknown top-level key(s) {', '.join(sorted(unknown))}")
@@ -118,7 +130,8 @@ def load_recipe(path: str) -> Recipe:
 
 def parse_source_recipe(text: str) -> tuple[str, SourceRecipe]:
     """`NAME:KEY=VALUE[,KEY=VALUE]` → (the source it is for, its recipe); a value is read as
-    TOML (`0.6`, `true`, `"every-turn"` or the bare word)."""
+    TOML (`0.6`, `true`, `"every-turn"` or the bare word); `gate.RULE=VERDICT` sets one rule of
+    the source's gate."""
     name, sep, pairs = text.rpartition(":")
     if not sep or not name or not pairs:
         raise RecipeError(f"--source-recipe {text!r}: expected SOURCE:KEY=VALUE[,KEY=VALUE]")
@@ -128,10 +141,19 @@ def parse_source_recipe(text: str) -> tuple[str, SourceRecipe]:
         if not eq or not key.strip():
             raise RecipeError(f"--source-recipe {text!r}: {pair!r} is not KEY=VALUE")
         try:
-            table[key.strip()] = tomllib.loads(f"v = {value.strip()}")["v"]
+            parsed = tomllib.loads(f"v = {value.strip()}")["v"]
         except tomllib.TOMLDecodeError:
-            table[key.strip()] = value.strip()
+            parsed = value.strip()
+        rule = key.strip().removeprefix("gate.")
+        if rule != key.strip():  # gate.RULE=VERDICT: one rule of the source's gate
+            table.setdefault("gate", {})[rule] = parsed
+        else:
+            table[key.strip()] = parsed
     return name, source_recipe(table, f"--source-recipe {name}")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def _is_url(path: str) -> bool:
@@ -157,6 +179,8 @@ def samples_of(record: PromptRecord, recipe_name: str, recipe: SourceRecipe) -> 
         own = sample_id(record.prompt_id, index)
         sampling = recipe.sampling if seed is None else {**recipe.sampling, "seed": seed + index}
         policy: dict[str, Any] = {"recipe": recipe_name, "sampling": sampling}
+        if recipe.gate:
+            policy["gate"] = recipe.gate
         if share is not None:
             policy["thinking"] = share >= 1 or (share > 0 and thinking_for(own, share))
         out.append(replace(record, prompt_id=own, policy=policy))

@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from pydantic import ValidationError
 
 from compose.emulator import errors
 from compose.emulator.engine import ENGINE_KEY, ConnectionGone, Engine
@@ -18,6 +19,7 @@ from compose.emulator.model import EmulatedModel, TemplateError
 from compose.emulator.token_ids import IDS_REQUEST_FIELDS, attach_token_ids
 from compose.emulator.transport import send_truncated
 from streams.core.parsers import split_reasoning
+from streams.core.recipes import NATIVE_NAMES, Sampling, sampling_error
 from streams.core.serving import ContentFormat, NormalizationError, ServerNormalization
 
 
@@ -66,6 +68,7 @@ def parse_chat_request(
         template_kwargs.setdefault("enable_thinking", False)
     if any(not isinstance(m, dict) or "role" not in m for m in messages):
         raise errors.bad_request("each message needs a role")
+    check_sampling(body)
     try:
         prepared, tools = profile.prepare(
             messages,
@@ -98,6 +101,26 @@ def parse_chat_request(
         continue_final_message=bool(body.get("continue_final_message", False)),
         input_ids=input_ids,
     )
+
+
+def check_sampling(values: dict[str, Any], names: dict[str, str] | None = None) -> None:
+    """SGLang's SamplingParams.verify: a sampling parameter out of its range is a 400 (the
+    ranges of streams/core/recipes.py `Sampling`, which refuses them at publish). `names`: the
+    request's name of each (`/generate`'s); max tokens are checked where they are read."""
+    names = names or {}
+    given = {
+        field: values[names.get(field, field)]
+        for field in Sampling.model_fields
+        if field != "max_tokens" and values.get(names.get(field, field)) is not None
+    }
+    try:
+        Sampling.model_validate(given)
+    except ValidationError as err:
+        raise errors.bad_request(sampling_error(err)) from None
+
+
+def check_native_sampling(params: dict[str, Any]) -> None:
+    check_sampling(params, NATIVE_NAMES)
 
 
 def history_tool_calls(messages: list[dict[str, Any]]) -> int:

@@ -9,7 +9,7 @@ import orjson
 from aiohttp import web
 
 from compose.emulator import errors
-from compose.emulator.chat import parse_chat_request, render_prompt
+from compose.emulator.chat import check_native_sampling, parse_chat_request, render_prompt
 from compose.emulator.engine import ENGINE_KEY, ConnectionGone, Engine
 from compose.emulator.generation import GenerationRequest
 from compose.emulator.transport import send_truncated
@@ -49,6 +49,9 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
         if body.get("stream"):
             raise errors.bad_request("stream=true is not supported by the emulator")
         params = body.get("sampling_params") or {}
+        if not isinstance(params, dict):
+            raise errors.bad_request("sampling_params must be an object")
+        check_native_sampling(params)
         max_new = params.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
         prompt_text, prompt_ids = _prompt(engine, body)
         engine.check_context(prompt_text, len(prompt_ids), max_new)

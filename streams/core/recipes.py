@@ -14,11 +14,33 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from streams.core.record_fields import RecordError
+from streams.core.settings.policy import SamplePolicy
+
+# The tokenize stage's rules a recipe may set per source (SamplePolicy's `on_RULE` settings:
+# `gate = { repetition = "flag" }`), with the verdicts each takes; the rest are the stage's flags
+GATE_RULES: dict[str, tuple[str, ...]] = {
+    name.removeprefix("on_"): get_args(info.annotation)
+    for name, info in SamplePolicy.model_fields.items()
+    if name.startswith("on_")
+}
+
+
+def gate_error(gate: Any) -> str | None:
+    """What is wrong with a recipe's or a policy's `gate` (None: nothing)."""
+    if not isinstance(gate, dict):
+        return "gate must be a table of RULE = VERDICT"
+    for rule, verdict in gate.items():
+        if rule not in GATE_RULES:
+            return f"gate.{rule} is not a rule (one of: {', '.join(GATE_RULES)})"
+        if verdict not in GATE_RULES[rule]:
+            return f"gate.{rule} = {verdict!r}: one of {', '.join(GATE_RULES[rule])}"
+    return None
+
 
 # The sampling parameters a policy may set, with SGLang's own ranges (SamplingParams.verify;
 # vLLM checks the same): a value out of range is refused at publish, not by every server.
@@ -97,6 +119,15 @@ class SourceRecipe(BaseModel):
     # a share in [0, 1] of samples that think, or all (true) or none (false)
     thinking: bool | float | None = None
     sampling: dict[str, Any] = Field(default_factory=dict)
+    # the tokenize stage's verdict per rule for this source's samples (GATE_RULES)
+    gate: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("gate")
+    @classmethod
+    def _known_rules(cls, gate: dict[str, str]) -> dict[str, str]:
+        if (error := gate_error(gate)) is not None:
+            raise ValueError(error)
+        return gate
 
     def thinking_share(self) -> float | None:
         if self.thinking is None or isinstance(self.thinking, bool):
@@ -113,11 +144,14 @@ class Policy:
     recipe: str = ""  # the recipe's name, for provenance
     sampling: dict[str, Any] = field(default_factory=dict)  # Sampling.as_dict()
     thinking: bool | None = None  # None: the worker's
+    gate: dict[str, str] = field(default_factory=dict)  # GATE_RULES; unset: the stage's flags
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"recipe": self.recipe, "sampling": self.sampling}
         if self.thinking is not None:
             data["thinking"] = self.thinking
+        if self.gate:
+            data["gate"] = self.gate
         return data
 
     @classmethod
@@ -133,7 +167,10 @@ class Policy:
             sampling = Sampling.model_validate(data.get("sampling") or {})
         except ValidationError as err:
             raise RecordError("bad_policy", f"policy.sampling: {sampling_error(err)}") from None
-        return cls(str(data.get("recipe") or ""), sampling.as_dict(), thinking)
+        gate = data.get("gate") or {}
+        if (error := gate_error(gate)) is not None:
+            raise RecordError("bad_policy", f"policy.{error}")
+        return cls(str(data.get("recipe") or ""), sampling.as_dict(), thinking, dict(gate))
 
 
 def sample_id(prompt_id: str, index: int) -> str:

@@ -23,6 +23,8 @@ in the sample's ``flags`` column) or ``keep``:
 
 Length, the think and empty rules, think markers and tool arguments are decided from the
 completion, before any encoding; the lengths in tokens and repetition from the built sample.
+A recipe may set any rule's verdict for its source (its `gate`, carried in the completion's
+policy): that sample is judged by the stage's policy with those verdicts.
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ class PolicySampleBuilder(SampleBuilder):
     ) -> None:
         super().__init__(tokenizer, *args, **kwargs)
         self.policy = policy or SamplePolicy()
+        # the policy of each recipe's `gate` (streams/core/recipes.py), built once
+        self._recipe_policies: dict[tuple[tuple[str, str], ...], SamplePolicy] = {}
         self._think_close_id = _token_id(tokenizer, self.profile.think_close)
         self._think_markers = (self.profile.think_open, self.profile.think_close)
 
@@ -79,19 +83,33 @@ class PolicySampleBuilder(SampleBuilder):
         kept = [c for c, v in zip(completions, verdicts, strict=True) if isinstance(v, tuple)]
         built = iter(super().build_many(kept))
         results: list[Sample | SampleError] = []
-        for verdict in verdicts:
+        for completion, verdict in zip(completions, verdicts, strict=True):
             if isinstance(verdict, PolicyDrop):
                 results.append(verdict)
                 continue
             result = next(built)
-            if not isinstance(result, SampleError) and verdict:
+            if isinstance(result, SampleError):
+                results.append(result)
+                continue
+            if verdict:
                 result = replace(result, flags=(*result.flags, *verdict))
-            results.append(result if isinstance(result, SampleError) else self.check(result))
+            results.append(self.check(result, self.policy_for(completion)))
         return results
+
+    def policy_for(self, completion: CompletionRecord) -> SamplePolicy:
+        """The stage's policy with the verdicts the completion's recipe sets (its `gate`)."""
+        gate = (completion.policy or {}).get("gate")
+        if not gate:
+            return self.policy
+        key = tuple(sorted(gate.items()))
+        if key not in self._recipe_policies:
+            update = {f"on_{rule}": verdict for rule, verdict in key}
+            self._recipe_policies[key] = self.policy.model_copy(update=update)
+        return self._recipe_policies[key]
 
     def check_completion(self, completion: CompletionRecord) -> PolicyDrop | tuple[str, ...]:
         """A drop, or the rules the completion is flagged by (none: `()`)."""
-        policy = self.policy
+        policy = self.policy_for(completion)
         if completion.finish_reason == "length":
             if policy.on_length == "drop":
                 return PolicyDrop("length", "finish_reason=length: the output was cut short")
@@ -99,7 +117,7 @@ class PolicySampleBuilder(SampleBuilder):
         flags: list[str] = []
         left = think_marker(completion.content, *self._think_markers)
         if left is not None:
-            found = self._gate("think_markers", left, flags)
+            found = _gate(policy, "think_markers", left, flags)
             if found is not None:
                 return found
         if (why := bad_tool_arguments(completion.tool_calls)) is not None:
@@ -116,15 +134,6 @@ class PolicySampleBuilder(SampleBuilder):
             return PolicyDrop("empty_answer", "no content and no tool calls")
         return tuple(flags)
 
-    def _gate(self, rule: str, message: str, flags: list[str]) -> PolicyDrop | None:
-        """A quality-gate rule that fired: its drop, or its flag added to `flags`."""
-        action = getattr(self.policy, f"on_{rule}")
-        if action == "drop":
-            return PolicyDrop(rule, message)
-        if action == "flag":
-            flags.append(rule)
-        return None
-
     def _unclosed(self, completion: CompletionRecord) -> bool:
         """An answer-less output with reasoning: unclosed, unless the server's ids show the
         think close (then the model closed it and wrote nothing: an empty answer)."""
@@ -135,8 +144,8 @@ class PolicySampleBuilder(SampleBuilder):
             return True
         return self._think_close_id not in output
 
-    def check(self, sample: Sample) -> Sample | PolicyDrop:
-        policy = self.policy
+    def check(self, sample: Sample, policy: SamplePolicy | None = None) -> Sample | PolicyDrop:
+        policy = policy or self.policy
         limit = policy.max_seq_len
         if limit is not None and sample.num_tokens > limit:
             if policy.on_max_seq_len == "drop":
@@ -166,10 +175,20 @@ class PolicySampleBuilder(SampleBuilder):
                         f"{share:.0%} of its {policy.repetition_ngram}-token n-grams repeat "
                         f"earlier ones (> --repetition-max {policy.repetition_max:g})"
                     )
-                    if (drop := self._gate("repetition", message, flags)) is not None:
+                    if (drop := _gate(policy, "repetition", message, flags)) is not None:
                         return drop
                     sample = replace(sample, flags=(*sample.flags, *flags))
         return sample
+
+
+def _gate(policy: SamplePolicy, rule: str, message: str, flags: list[str]) -> PolicyDrop | None:
+    """A quality-gate rule that fired: its drop, or its flag added to `flags`."""
+    action = getattr(policy, f"on_{rule}")
+    if action == "drop":
+        return PolicyDrop(rule, message)
+    if action == "flag":
+        flags.append(rule)
+    return None
 
 
 def longest_run(mask: Tokens) -> int:

@@ -225,6 +225,16 @@ def test_bad_requests(start_emulator: StartEmulator) -> None:
             assert status == 400
             status, body = await post(emu, "/generate", {"sampling_params": {}})
             assert status == 400 and "error" in body
+            # a sampling parameter out of SGLang's range (SamplingParams.verify)
+            hot = {"messages": user("hi"), "temperature": -0.5}
+            status, body = await post(emu, "/v1/chat/completions", hot)
+            assert status == 400 and "temperature = -0.5" in body["message"]
+            wide = {"text": "hi", "sampling_params": {"top_p": 1.5, "max_new_tokens": 4}}
+            status, body = await post(emu, "/generate", wide)
+            assert status == 400 and "top_p = 1.5" in str(body["error"])
+            fine = {"messages": user("hi"), "temperature": 0.6, "top_k": 20, "max_tokens": 8}
+            status, body = await post(emu, "/v1/chat/completions", fine)
+            assert status == 200, body
 
     asyncio.run(scenario())
 

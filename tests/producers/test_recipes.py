@@ -19,6 +19,7 @@ from producers.recipes import (
 from producers.sources import SourceSpec
 from streams.core.normalize import make_prompt_record
 from streams.core.recipes import Policy
+from streams.core.records import PromptRecord
 
 RECIPE = """
 name = "kimi-k26-mix"
@@ -140,3 +141,49 @@ def test_samples_have_their_own_ids_seeds_and_a_thinking_mix_near_its_share() ->
     assert 0.25 < sum(thinking) / len(thinking) < 0.35  # 1,200 samples at a share of 0.3
     assert all(Policy.from_dict(s.policy).recipe == "mix" for s in samples)
     assert len({s.prompt_id for s in samples}) == 1200
+
+
+def test_a_sources_gate_is_merged_over_the_defaults_and_carried_by_its_samples(
+    tmp_path: Path,
+) -> None:
+    recipe_file = tmp_path / "r.toml"
+    recipe_file.write_text(
+        '[defaults]\ngate = { repetition = "flag", think_markers = "keep" }\n'
+        '[[sources]]\npath = "a.jsonl"\ngate = { repetition = "drop" }\n'
+    )
+    recipe = load_recipe(str(recipe_file))
+    _, [spec] = with_recipes([], recipe, [])
+    assert spec.recipe is not None
+    assert spec.recipe.gate == {"repetition": "drop", "think_markers": "keep"}
+    record = PromptRecord("p", [{"role": "user", "content": "hi"}])
+    [sample] = samples_of(record, "r", spec.recipe)
+    assert sample.policy is not None and sample.policy["gate"] == spec.recipe.gate
+    recipe_file.write_text('[defaults]\ngate = { length = "flag" }\n')
+    with pytest.raises(RecipeError, match=r"gate.length = 'flag': one of drop, keep"):
+        load_recipe(str(recipe_file))
+    name, given = parse_source_recipe("code:gate.repetition=flag,temperature=0.6")
+    assert (name, given.gate, given.sampling) == (
+        "code",
+        {"repetition": "flag"},
+        {"temperature": 0.6},
+    )
+
+
+def test_a_yaml_recipe_is_read_as_the_toml_one(tmp_path: Path) -> None:
+    toml = tmp_path / "mix.toml"
+    toml.write_text(RECIPE)
+    yaml_file = tmp_path / "mix.yaml"
+    yaml_file.write_text(
+        "name: kimi-k26-mix\n"
+        "defaults: {thinking: 0.7, top_p: 0.95}\n"
+        "sources:\n"
+        "  - {path: code.jsonl, temperature: 0.6, samples: 2, weight: 2}\n"
+        "  - {path: chat.jsonl, temperature: 1.0, id_field: uuid, regen: every-turn}\n"
+    )
+    assert load_recipe(str(yaml_file)) == load_recipe(str(toml))
+    yaml_file.write_text("- a list\n")
+    with pytest.raises(RecipeError, match=r"mix\.yaml: a recipe is a table"):
+        load_recipe(str(yaml_file))
+    yaml_file.write_text("name: [unclosed\n")
+    with pytest.raises(RecipeError, match=r"mix\.yaml is not YAML: "):
+        load_recipe(str(yaml_file))

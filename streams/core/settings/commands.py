@@ -49,16 +49,16 @@ class PublishSettings(Settings):
     recipe: str | None = setting(
         None,
         cli=True,
-        help="a recipe file (TOML): each source's sampling, thinking (on, off or a share), "
-        "samples per prompt, regen mode, weight and id field; its sources are published when "
-        "none are named",
+        help="a recipe file (TOML, or YAML if it ends in .yaml or .yml): each source's "
+        "sampling, thinking (on, off or a share), samples per prompt, regen mode, weight, id "
+        "field and quality-gate verdicts; its sources are published when none are named",
         metavar="FILE",
     )
     source_recipe: list[str] = setting(
         default_factory=list,
         cli=True,
         help="one source's recipe keys, over the recipe file's, e.g. "
-        "code.jsonl:temperature=0.6,samples=2,thinking=0.7; repeatable",
+        "code.jsonl:temperature=0.6,samples=2,thinking=0.7,gate.repetition=flag; repeatable",
         metavar="SOURCE:KEY=VALUE,...",
     )
     # cleaning (producers/clean.py)

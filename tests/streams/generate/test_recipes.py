@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from streams.core.ledger import settings_hash
-from streams.core.recipes import Policy
-from streams.core.records import PromptRecord
+from streams.core.recipes import GATE_RULES, Policy
+from streams.core.records import PromptRecord, RecordError
 from streams.tools.audit_ids import completion_settings
 from tests.streams.generate.fakes import (
     FakeClient,
@@ -86,3 +86,18 @@ def test_the_ledger_keys_a_recipe_prompt_under_its_own_settings() -> None:
         await worker.stop()
 
     run(scenario)
+
+
+def test_a_policys_gate_names_rules_and_verdicts_the_tokenize_stage_has() -> None:
+    assert GATE_RULES["repetition"] == ("drop", "flag", "keep")
+    assert GATE_RULES["length"] == ("drop", "keep")  # no flag for a cut output
+    policy = Policy("r", {}, None, {"repetition": "flag"})
+    assert Policy.from_dict(policy.to_dict()) == policy
+    for gate, message in (
+        ({"loops": "drop"}, "policy.gate.loops is not a rule"),
+        ({"length": "flag"}, "policy.gate.length = 'flag': one of drop, keep"),
+        ("drop", "policy.gate must be a table"),
+    ):
+        with pytest.raises(RecordError) as refused:
+            Policy.from_dict({"recipe": "r", "sampling": {}, "gate": gate})
+        assert refused.value.kind == "bad_policy" and str(refused.value.message).startswith(message)

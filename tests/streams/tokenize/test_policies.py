@@ -267,3 +267,37 @@ def test_an_output_that_loops_is_dropped_flagged_or_kept(
     # below --repetition-min-tokens nothing is checked
     short = make_builder(on_repetition=action, repetition_min_tokens=100_000)
     assert all(isinstance(r, Sample) for r in short.build_many([looped(builder, 0.5)]))
+
+
+def with_gate(completion: CompletionRecord, **gate: str) -> CompletionRecord:
+    """The completion of a sample whose recipe sets these verdicts."""
+    return replace(completion, policy={"recipe": "r", "sampling": {}, "gate": gate})
+
+
+def test_a_recipes_gate_sets_the_verdicts_for_its_own_samples_only(
+    make_builder: Callable[..., PolicySampleBuilder],
+) -> None:
+    builder = make_builder()  # the stage's flags: every rule drops
+    marker, loop = answered(content="4 </think> and then"), looped(builder, 0.5)
+    results = builder.build_many(
+        [
+            with_gate(marker, think_markers="flag"),
+            marker,
+            with_gate(loop, repetition="keep"),
+            with_gate(loop, think_markers="keep"),  # another rule's verdict: loops still drop
+            loop,
+            with_gate(answered(content=" ", reasoning_content=None), empty_answer="keep"),
+        ]
+    )
+    assert [kind(r) for r in results] == [
+        None,
+        "policy_think_markers",
+        None,
+        "policy_repetition",
+        "policy_repetition",
+        None,
+    ]
+    assert [r.flags for r in results if isinstance(r, Sample)] == [("think_markers",), (), ()]
+    # and the other way: a recipe drops what the stage keeps
+    keeping = make_builder(on_repetition="keep")
+    assert kind(keeping.build_many([with_gate(loop, repetition="drop")])[0]) == "policy_repetition"
