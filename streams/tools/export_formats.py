@@ -62,7 +62,7 @@ EXPORT_FORMATS: Registry[ExportFormat] = Registry(
     [
         (
             "specforge",
-            ExportFormat("JSON lines of prompt_id, input_ids, loss_mask", _specforge),
+            ExportFormat("JSON lines of prompt_id, input_ids, loss_mask, provenance", _specforge),
         ),
         ("hf", ExportFormat("a datasets save_to_disk directory", _hf)),
         ("parquet", ExportFormat("one Parquet file", _parquet)),
