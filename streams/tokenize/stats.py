@@ -20,13 +20,11 @@ class TokenizeStats:
     )
     dead_letters: int = figure("draftgen_tokenize_dead_letters", "completions dead-lettered")
     drifted: int = figure("draftgen_tokenize_drifted", "samples whose renderings drifted")
-    compared: int = figure(
-        "draftgen_tokenize_drift_compared", "samples compared", key="drift_compared"
-    )
-    rejected: dict[str, int] = field(
+    drift_compared: int = figure("draftgen_tokenize_drift_compared", "samples compared")
+    errors: dict[str, int] = field(
         default_factory=dict,
         metadata=figured(
-            Figure("errors", "draftgen_tokenize_errors", "samples rejected, by kind", by_kind=True)
+            Figure("", "draftgen_tokenize_errors", "samples rejected, by kind", by_kind=True)
         ),
     )
     # the sink's own counters (its stats object, once the worker made its sink)

@@ -90,15 +90,23 @@ async def wait_for_version(
 async def settled_offsets(
     kafka: KafkaSettings, group: str, timeout_s: float, settle_s: float = SETTLE_S
 ) -> dict[int, int]:
-    """The group's committed offsets once they have not moved for `settle_s`."""
+    """The group's committed offsets once they have not moved for `settle_s`. Still moving at
+    `timeout_s`: a writer that does not honour the fence commits to the group, and no offsets
+    are safe to seal at (CliError; the fence stays, so sealing again after stopping it works)."""
     topic = kafka.topic(COMPLETIONS)
     deadline = time.monotonic() + timeout_s
     committed, _ = await group_offsets(kafka, group, topic)
     while True:
-        await asyncio.sleep(settle_s)
+        await asyncio.sleep(settle_s)  # a remote group's commits: nothing to await but time
         again, _ = await group_offsets(kafka, group, topic)
-        if again == committed or time.monotonic() > deadline:
+        if again == committed:
             return again
+        if time.monotonic() > deadline:
+            raise CliError(
+                f"group {group} still commits after the fence ({timeout_s:.0f}s): a worker "
+                "that does not check it (an older draftgen?) writes to this version; stop it "
+                "and seal again"
+            )
         committed = again
 
 

@@ -16,11 +16,11 @@ from aiohttp.test_utils import TestServer
 from compose.emulator import EmulatorSettings, build_app
 from compose.emulator.engine import ENGINE_KEY, Engine
 from compose.emulator.model import EmulatedModel
-from compose.tiny_tokenizers import build_kimi_k26_tokenizer, build_qwen36_tokenizer
+from compose.tiny_tokenizers import TINY_MODELS
 
+# each family's tiny model by the model's name ("qwen36", "kimi_k26"): the emulated models
 TOKENIZER_BUILDERS: dict[str, Callable[[Path], Path]] = {
-    "qwen36": build_qwen36_tokenizer,
-    "kimi_k26": build_kimi_k26_tokenizer,
+    model.name: model.build for model in TINY_MODELS.values()
 }
 
 

@@ -137,7 +137,7 @@ def test_qwen_build_is_deterministic_and_matches_the_bundled_asset(
         assert filecmp.cmp(qwen36_tokenizer_dir / name, again / name, shallow=False)
         assert filecmp.cmp(qwen36_tokenizer_dir / name, tt.BUNDLED_QWEN36 / name, shallow=False), (
             "compose/assets/qwen36-tiny is stale: rebuild it with "
-            "python -m compose.tiny_tokenizers compose/assets/qwen36-tiny --family qwen36"
+            "python -m compose.tiny_tokenizers compose/assets/qwen36-tiny --family qwen3"
         )
     assert sum(f.stat().st_size for f in tt.BUNDLED_QWEN36.iterdir()) < 200_000
 

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 import pytest
 
-from compose.tiny_tokenizers import build_kimi_k26_tokenizer
+from compose.tiny_tokenizers import TINY_MODELS
 from producers.publish import publish
 from producers.sources import parse_source_spec
 from sinks.reader import DatasetReader
@@ -98,8 +98,12 @@ def conversation(index: int, rng: random.Random, tools_every: int) -> dict[str, 
 
 
 @pytest.fixture(scope="session")
-def kimi_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_kimi_k26_tokenizer(tmp_path_factory.mktemp("tok") / "kimi-k26-tiny")
+def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each family's tiny model (compose/tiny_tokenizers.py `TINY_MODELS`), built once."""
+    return {
+        family: model.build(tmp_path_factory.mktemp("tok") / f"{model.name}-tiny")
+        for family, model in TINY_MODELS.items()
+    }
 
 
 # -- the oracle -----------------------------------------------------------------------------
@@ -146,18 +150,18 @@ def can_continue(c: CompletionRecord) -> bool:
 
 
 @pytest.mark.parametrize("mode", [FINAL, EVERY_TURN])
-@pytest.mark.parametrize("family", ["qwen36", "kimi_k26"])
+@pytest.mark.parametrize("family", sorted(TINY_MODELS))  # every family with a tiny model
 def test_family_end_to_end(
     family: str,
     mode: str,
     pipeline: Any,
-    qwen_tokenizer_dir: Path,
-    kimi_tokenizer_dir: Path,
+    tiny_dirs: dict[str, Path],
     tmp_path: Path,
 ) -> None:
-    pipeline.tokenizer_dir = qwen_tokenizer_dir if family == "qwen36" else kimi_tokenizer_dir
+    pipeline.tokenizer_dir = tiny_dirs[family]
+    assert load_tokenizer(tiny_dirs[family]).profile.name == family  # one id for the family
     count = 50 if mode == FINAL else 40
-    rng = random.Random(f"{family}-{mode}")
+    rng = random.Random(f"{TINY_MODELS[family].name}-{mode}")  # the conversations as before
     source = tmp_path / "prompts.jsonl"
     # every-turn: a few conversations with tool results, which fall back to the final turn
     tools_every = 5 if mode == FINAL else 10

@@ -115,7 +115,7 @@ def test_a_sample_error_is_a_recorded_drop_and_a_dead_letter_sent_before_the_mar
     drops = {"b": "template_error", "l": "policy_length", "x": "bad_shape"}
     assert marker.drops == drops
     assert stage.outcomes() == ([("a", 5)], drops)
-    assert stage.worker.stats.rejected == {"template_error": 1, "policy_length": 1}
+    assert stage.worker.stats.errors == {"template_error": 1, "policy_length": 1}
     assert stage.worker.stats.dead_letters == 3
 
 
@@ -163,7 +163,7 @@ def test_stats_count_a_window_once_it_is_committed(tmp_path: Path) -> None:
 
     asyncio.run(run())
     assert (stats.samples, stats.tokens, stats.loss_tokens, stats.shards) == (2, 10, 6, 1)
-    assert (stats.dead_letters, stats.compared, stats.drifted) == (1, 2, 1)
+    assert (stats.dead_letters, stats.drift_compared, stats.drifted) == (1, 2, 1)
     assert stage.acks() == [0, 1, 2, 3]
     # the marker counts the causes of the rows it holds (the replaced answer is not one)
     assert [m.drift_causes for m in stage.store.markers()] == [{CAUSE.key: 1}]

@@ -1,0 +1,36 @@
+"""The docs' lists of registered things come from the registries: a family, a normalization
+profile or an export format registered or removed shows here as a failing test, not as a stale
+page. (The export formats' table in docs/data.md is checked in tests/streams/cli/test_export.py.)"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from streams.core.families import FAMILIES
+from streams.core.serving import PROFILES
+from streams.tools.export_formats import EXPORT_FORMATS
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+README = DOCS.parent / "README.md"
+
+
+def test_the_family_flag_row_lists_the_registered_families() -> None:
+    text = (DOCS / "configuration.md").read_text()
+    row = re.search(r"^\| `--family ([\w\\|]+)` \|", text, re.MULTILINE)
+    assert row is not None
+    assert row.group(1).split("\\|") == list(FAMILIES)
+
+
+def test_every_normalization_profile_has_its_row_and_every_row_a_profile() -> None:
+    text = (DOCS / "templates.md").read_text()
+    rows = re.findall(r"^\| `((?:sglang|vllm)-[\d.]+)` \|", text, re.MULTILINE)
+    assert sorted(rows) == sorted(profile.name for profile in PROFILES)
+
+
+def test_the_readme_lists_no_export_formats_by_hand() -> None:
+    """It points at `export --help`, which the registry writes."""
+    text = README.read_text()
+    listed = re.findall(r"--format ([\w|]+)", text)
+    assert all("|" not in names for names in listed), listed
+    assert not any(f"{a}|{b}" in text for a in EXPORT_FORMATS for b in EXPORT_FORMATS if a != b)
