@@ -10,6 +10,8 @@ A source is one of
 - a Hugging Face Hub dataset: ``hf:org/name`` or ``hf:org/name:split`` (streamed, split
   defaults to ``train``).
 
+The last two are read by ``datasets`` (``producers/hf_datasets.py``).
+
 Rows are ``(row_number, row)``: row numbers are 0-based (the line index in JSONL, blank lines
 counted; the row index otherwise) and run on across the files of a directory. A row that is not
 a JSON object comes out as its raw bytes so the caller can dead-letter it; reading never stops
@@ -35,6 +37,7 @@ import orjson
 import pyarrow.parquet as pq
 from fsspec.utils import infer_compression
 
+from producers.hf_datasets import is_saved_dataset, iter_hf, iter_load_dataset, iter_saved_dataset
 from streams.core.recipes import SourceRecipe
 from streams.core.records import RecordError
 from streams.core.registry import Registry
@@ -105,14 +108,14 @@ def iter_rows(
     """
     options = storage_options or {}
     if spec.path.startswith(HF_PREFIX):
-        return _iter_hf(spec.path[len(HF_PREFIX) :], options)
+        return iter_hf(spec.path[len(HF_PREFIX) :], options)
     fs, path, files = _data_files(spec, options)
     if files is not None:
         return _iter_files(fs, files)
-    if _is_saved_dataset(fs, path):
-        return _iter_saved_dataset(spec.path, None, options)
+    if is_saved_dataset(fs, path):
+        return iter_saved_dataset(spec.path, None, options)
     # CSV, Arrow, a dataset card with configs, …: let `datasets` work it out
-    return _iter_load_dataset(spec.path, None, options)
+    return iter_load_dataset(spec.path, None, options)
 
 
 def count_rows(
@@ -146,7 +149,7 @@ def _data_files(spec: SourceSpec, options: dict[str, Any]) -> tuple[Any, str, li
             raise FileNotFoundError(f"no {'/'.join(SOURCE_FORMATS)} files match {spec.path}")
         return fs, path, files
     if fs.isdir(path):
-        if _is_saved_dataset(fs, path):
+        if is_saved_dataset(fs, path):
             return fs, path, None
         return fs, path, sorted(p for p in fs.find(path) if _is_data_file(p)) or None
     if not fs.exists(path):
@@ -307,70 +310,6 @@ SOURCE_FORMATS: Registry[SourceFormat] = Registry(
         ("parquet", SourceFormat((".parquet", ".pq"), _iter_parquet, _count_parquet)),
     ],
 )
-
-
-def _split_hf_name(rest: str) -> tuple[str, str | None]:
-    # `org/name:split`; a tail containing "/" belongs to a URL (`hf:s3://bucket/dir`).
-    name, sep, tail = rest.rpartition(":")
-    if sep and name and tail and "/" not in tail:
-        return name, tail
-    return rest, None
-
-
-def _iter_hf(rest: str, options: dict[str, Any]) -> Iterator[tuple[int, Row]]:
-    name, split = _split_hf_name(rest)
-    if not name:
-        raise ValueError("hf: source without a dataset name")
-    if "://" in name or Path(name).is_dir():  # a dataset on disk rather than on the Hub
-        fs, path = fsspec.core.url_to_fs(name, **options)
-        if not fs.isdir(path):
-            raise FileNotFoundError(f"source not found: {name}")
-        if _is_saved_dataset(fs, path):
-            return _iter_saved_dataset(name, split, options)
-    return _iter_load_dataset(name, split, options)
-
-
-def _is_saved_dataset(fs: Any, path: str) -> bool:
-    names = {Path(p).name for p in fs.ls(path, detail=False)}
-    return bool(names & {"state.json", "dataset_dict.json"})  # written by save_to_disk
-
-
-def _datasets() -> Any:
-    try:
-        import datasets
-    except ImportError:
-        raise ImportError("reading this source needs the `datasets` package") from None
-    return datasets
-
-
-def _iter_saved_dataset(
-    url: str, split: str | None, options: dict[str, Any]
-) -> Iterator[tuple[int, Row]]:
-    loaded = _datasets().load_from_disk(url, storage_options=options or None)
-    yield from enumerate(_pick_split(loaded, split, url))
-
-
-def _iter_load_dataset(
-    name: str, split: str | None, options: dict[str, Any]
-) -> Iterator[tuple[int, Row]]:
-    # Streaming: bounded memory and no cache copy of the whole dataset. Storage options are
-    # for URLs (s3://…); the Hub uses its own credentials.
-    remote = "://" in name and options
-    loaded = _datasets().load_dataset(
-        name, split=split or "train", streaming=True, storage_options=options if remote else None
-    )
-    yield from enumerate(loaded)
-
-
-def _pick_split(loaded: Any, split: str | None, url: str) -> Any:
-    if not hasattr(loaded, "keys"):  # a single Dataset
-        return loaded
-    splits = list(loaded.keys())
-    if split is None:
-        split = "train" if "train" in splits or len(splits) != 1 else splits[0]
-    if split not in splits:
-        raise ValueError(f"{url}: no split {split!r} (have {', '.join(splits)})")
-    return loaded[split]
 
 
 def row_error(raw: bytes) -> RecordError:

@@ -2,7 +2,8 @@
 
 The sink owns the output's delivery protocol (windows, adoption from markers, the committed ids
 used for dedup, retries, acks); the stage that feeds it decides what an event becomes
-(`SinkStage`). The guarantee is stated on `ShardSink`.
+(`SinkStage`). The guarantee is stated on `ShardSink`; its storage calls, each retried until it
+succeeds, are `SinkStorage`'s (sinks/sink_storage.py).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
 
 from sinks.shards import SampleRow, ShardMarker, ShardStore, WindowRows
+from sinks.sink_storage import SinkStorage
 from streams.core.events import Event
 from streams.core.leases import Lease, Leases, Verdict
-from streams.core.retry import Backoff, backoff, until_done
+from streams.core.retry import Backoff, backoff
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +92,7 @@ class SinkStage(Protocol[T]):
 
 @dataclass
 class SinkStats:
-    replaced: int = 0  # items replaced by a later one of the same key in their window
+    duplicates: int = 0  # items replaced by a later one of the same key in their window
     open_bytes: int = 0  # held by all open windows now
     peak_open_bytes: int = 0
     budget_flushes: int = 0  # windows flushed early to stay within the memory budget
@@ -131,6 +133,19 @@ class _Window(Generic[T]):
             self.index[admitted.key] = len(self.items)
         self.items.append(admitted.item)
         return False
+
+    def rows(self, prepared: Prepared) -> WindowRows:
+        """The window as written, with what the stage prepared for it."""
+        return WindowRows(
+            self.partition,
+            self.start_offset,
+            self.end_offset,
+            prepared.rows,
+            self.generation,
+            prepared.drops,
+            prepared.gate,
+            prepared.gate_examples,
+        )
 
 
 class _Flushes:
@@ -195,7 +210,7 @@ class ShardSink(Generic[T]):
       flush asks the stage for each window's rows and drops (`prepare`, which makes its dead
       letters durable), writes the shard, then a marker per window, each one durable write
       (`ShardStore.write_windows`), then per window calls `committed` and acks its events;
-      faust commits acked offsets. Storage I/O is
+      faust commits acked offsets. Storage I/O (`SinkStorage`) is
       retried with backoff until it succeeds; the window stays unacked meanwhile. Flushes run
       in the background while intake goes on (the build and the write of one window overlap
       the decoding of the next), at most `MAX_FLUSHING` at a time; a partition's windows are
@@ -262,7 +277,7 @@ class ShardSink(Generic[T]):
         self.idle_flush_s = idle_flush_s
         self.max_open_bytes = max_open_bytes
         self.generation = generation
-        self.backoff = backoff
+        self._storage = SinkStorage(store, backoff, log)
         self.clock = clock
         self.stats = SinkStats()
         self._windows: dict[Hashable, _Window[T]] = {}
@@ -297,7 +312,7 @@ class ShardSink(Generic[T]):
                 self._windows[tp] = window
             admitted = self.stage.admit(tp, event)
             if window.add(event, offset, admitted):
-                self.stats.replaced += 1  # a later answer of the same prompt
+                self.stats.duplicates += 1  # a later answer of the same prompt
             self.stats.grow(admitted.size)
             if len(window.events) >= self.max_records or window.tokens >= self.max_tokens:
                 await self._flush(tp)
@@ -346,29 +361,18 @@ class ShardSink(Generic[T]):
             # this worker's own write of the partition (before a revocation) lands first, so
             # that the markers read next include it
             await asyncio.wait([writing])
-        markers = await self._io("reading markers", self.store.markers, tp.partition)
-        stale = [
-            m for m in markers if m.start_offset >= first_offset and m.generation <= generation
-        ]
-        for marker in stale:
-            await self._io(
-                "removing an uncommitted shard",
-                self.store.delete_window,
-                marker.partition,
-                marker.start_offset,
-                marker.generation,
-            )
+        removed = await self._storage.remove_uncommitted(tp.partition, first_offset, generation)
         if not self.leases.holds(lease):
             return  # revoked meanwhile: not ours in this generation
         self._adopted[tp] = generation
         self.stats.adopted += 1
-        self.stats.removed += len(stale)
+        self.stats.removed += removed
         log.info(
             "partition %s: adopted at offset %d in generation %d (%d uncommitted windows removed)",
             tp.partition,
             first_offset,
             generation,
-            len(stale),
+            removed,
         )
 
     async def _flush(self, *tps: Hashable) -> None:
@@ -402,28 +406,15 @@ class ShardSink(Generic[T]):
     async def _commit(
         self, batch: list[tuple[Hashable, _Window[T]]], prepared: list[Prepared]
     ) -> None:
-        windows = [
-            WindowRows(
-                w.partition,
-                w.start_offset,
-                w.end_offset,
-                p.rows,
-                w.generation,
-                p.drops,
-                p.gate,
-                p.gate_examples,
-            )
-            for (_, w), p in zip(batch, prepared, strict=True)
-        ]
-        markers = await self._io("writing a shard", self.store.write_windows, windows)
+        windows = [w.rows(p) for (_, w), p in zip(batch, prepared, strict=True)]
+        markers = await self._storage.write(windows)
         for (_, window), marker in zip(batch, markers, strict=True):
             if not self.leases.holds(window.lease):
                 continue  # revoked while writing (maybe re-adopted since): never acked, redone
             if (await self._fenced([window]))[0]:
                 # sealed while writing: never acked, so past the sealed offsets; not left behind
-                await self._io(
+                await self._storage.remove(
                     "removing a window written after the seal",
-                    self.store.delete_window,
                     window.partition,
                     window.start_offset,
                     window.generation,
@@ -442,11 +433,7 @@ class ShardSink(Generic[T]):
         stops, saying so once."""
         if self.sealed is not None:
             return [True] * len(windows)
-        if not await self._io("checking the seal", self.store.fenced):
-            return [False] * len(windows)
-        offsets = await self._io("reading the sealed offsets", self.store.sealed_offsets)
-        # a window covered by the seal (its offsets were committed before it) is not fenced
-        fenced = [offsets is None or offsets.get(w.partition, 0) <= w.end_offset for w in windows]
+        fenced = await self._storage.fenced([(w.partition, w.end_offset) for w in windows])
         first = next((w for w, fence in zip(windows, fenced, strict=True) if fence), None)
         if first is not None and self.sealed is None:  # not said by a write checked meanwhile
             self.sealed = sealed_line(
@@ -454,7 +441,3 @@ class ShardSink(Generic[T]):
             )
             self.on_sealed(self.sealed)
         return fenced
-
-    async def _io(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """Blocking storage I/O in a thread, waiting out outages with backoff."""
-        return await until_done(what, lambda: asyncio.to_thread(fn, *args), self.backoff, log)

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
+from streams.core.checkpoint import Checkpoint
 from streams.core.crash_guard import CrashGuard
 from streams.core.leases import Leases
 from streams.core.outage import quiet_repeats
@@ -48,58 +49,24 @@ class _IdempotentProducer(faust_aiokafka.Producer):
 
 
 class _RebalanceSafeCommits(faust_aiokafka.AIOKafkaConsumerThread):
-    """faust's consumer thread, minus a crash on a commit a rebalance emptied, and with the
-    commit guard of the partitions' leases.
+    """faust's consumer thread, committing what the commit protocol allows: a thin adapter
+    over `Checkpoint.offsets` (streams/core/checkpoint.py, where the steps and the invariant
+    are), called where faust's offsets would reach Kafka.
 
-    The guard (when the app has leases: `guard_commits`): each partition is committed no
-    further than its lease's acked run (streams/core/leases.py), whatever faust computed; a
-    partition without a lease, or whose lease admitted nothing yet, is left out. faust's own
-    offset arithmetic can pass an offset never acked (its gap filling, and a hole it does not
-    see at a committed offset of 0 or one offset: faust-streaming #606); this is where that
-    would reach Kafka, so this is where the invariant is checked. A commit the guard lowers is
-    logged as an error: it means a bug upstream of the guard, caught.
-
-    faust checks a commit's partitions against the assignment, awaits the producer's flush,
-    then the thread filters them again: a rebalance that took all of them meanwhile leaves
-    `{}`, which aiokafka refuses (`ValueError({})`) and faust treats as fatal: the worker
-    exits (faust-streaming #94/#95; seen when a worker joined a loaded group). Nothing of ours
-    is left to commit: the new owner resumes at the group's committed offset, as for any
-    revoked partition. The check and faust's own filter run with no await between them, in
-    the thread's loop, the only place the assignment changes.
-    tests/streams/core/test_faust_app.py fails if faust stops calling this hook, or if stock
-    faust no longer crashes (then this override can go)."""
+    What it works around: faust checks a commit's partitions against the assignment, awaits
+    the producer's flush, then the thread filters them again; a rebalance that took all of
+    them meanwhile leaves `{}`, which aiokafka refuses (`ValueError({})`) and faust treats as
+    fatal: the worker exits (faust-streaming #94/#95). The checkpoint's check and faust's own
+    filter run with no await between them, in the thread's loop, the only place the assignment
+    changes. tests/streams/core/test_faust_app.py fails if faust stops calling this hook, or
+    if stock faust no longer crashes (then the rebalance step can go)."""
 
     async def _commit(self, offsets: Mapping[Any, int]) -> bool:
-        leases: Leases | None = getattr(self.transport, "leases", None)
-        if leases is not None:
-            offsets = guarded(leases, offsets, self.log)
-            if not offsets:
-                return False  # nothing acked yet under a lease: nothing of ours to commit
-        assignment = self.assignment()
-        if not any(tp in assignment for tp in offsets):
-            self.log.info("commit of revoked partitions skipped after a rebalance: %r", offsets)
+        checkpoint = getattr(self.transport, "checkpoint", None) or Checkpoint(logger=self.log)
+        allowed = checkpoint.offsets(offsets, self.assignment())
+        if not allowed:
             return False  # as faust answers a commit refused because the group rebalanced
-        return await super()._commit(offsets)
-
-
-def guarded(leases: Leases, offsets: Mapping[Any, int], logger: Any) -> dict[Any, int]:
-    """The commit the leases allow: each partition at most at its lease's acked run."""
-    allowed: dict[Any, int] = {}
-    for tp, offset in offsets.items():
-        limit = leases.committable(tp, offset)
-        if limit is not None and limit < offset:
-            logger.error(
-                "commit of %s/%s lowered from %d to %d: offsets from %d on have no durable "
-                "outcome yet (caught by the lease's commit guard)",
-                tp.topic,
-                tp.partition,
-                offset,
-                limit,
-                limit,
-            )
-        if limit is not None:
-            allowed[tp] = limit
-    return allowed
+        return await super()._commit(allowed)
 
 
 class _Consumer(faust_aiokafka.Consumer):
@@ -110,8 +77,8 @@ class _Consumer(faust_aiokafka.Consumer):
 class _Transport(faust_aiokafka.Transport):
     Producer: ClassVar[type[faust.types.ProducerT]] = _IdempotentProducer
     Consumer: ClassVar[type[faust.types.ConsumerT]] = _Consumer
-    # the app's partition leases, read by its consumer thread's commit guard (`guard_commits`)
-    leases: Leases | None = None
+    # the commit protocol's last step for the app's partition leases (`guard_commits`)
+    checkpoint: Checkpoint | None = None
 
 
 def guard_commits(app: faust.App, leases: Leases) -> None:
@@ -119,7 +86,7 @@ def guard_commits(app: faust.App, leases: Leases) -> None:
     transport = app.transport
     if not isinstance(transport, _Transport):
         raise TypeError("guard_commits needs an app made by create_app")
-    transport.leases = leases
+    transport.checkpoint = Checkpoint(leases)
 
 
 def create_app(

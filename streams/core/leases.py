@@ -4,10 +4,9 @@ A worker takes a lease on a partition at the first event delivered after the par
 (re)assigned to it, and the lease ends when the partition is revoked. The lease knows where the
 partition must resume (the group's committed offset, asked once) and admits only the offsets
 that follow it, in order, without a hole; acks go through it in offset order; and the commit
-guard (streams/core/faust_app.py, in faust's consumer thread) commits a partition no further than
-its lease's acked run. So the invariant is checked where the commit is made, not left to timing:
-
-    an offset is committed only after its own outcome and every outcome below it are durable.
+guard (`Checkpoint`, in faust's consumer thread) commits a partition no further than
+its lease's acked run. So the invariant (streams/core/checkpoint.py, the protocol's steps) is
+checked where the commit is made, not left to timing.
 
 What it refuses, and why (each was a way to lose a prompt with faust-streaming 0.15.3):
 - An event delivered under an earlier lease (the agent held it, waiting for a slot, across a

@@ -103,7 +103,7 @@ def _picked(pick: Callable[[S], object]) -> list[str]:
 
 def figure_of(stats_type: type[S], pick: Callable[[S], object]) -> Figure:
     """The figure declared on the field `pick` reads: `lambda s: s.completed`, or an attribute
-    of a nested stats object, `lambda s: s.sink.replaced`. Raises LookupError when the field
+    of a nested stats object, `lambda s: s.sink.duplicates`. Raises LookupError when the field
     declares no such figure (a test fails on import, as mypy fails on a renamed field)."""
     names = _picked(pick)
     attr = ".".join(names[1:])

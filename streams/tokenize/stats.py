@@ -35,7 +35,7 @@ class TokenizeStats:
                 "duplicates",
                 "draftgen_tokenize_duplicates",
                 "completions replaced by a later one",
-                attr="replaced",
+                attr="duplicates",
             ),
             Figure(
                 "open_bytes",

@@ -22,5 +22,5 @@ EXACT_IDS = note_of(GenerateStats, lambda s: s.exact_ids)
 # a tokenize worker's, summed per dataset
 SAMPLES = figure_of(TokenizeStats, lambda s: s.samples)
 TOKENS = figure_of(TokenizeStats, lambda s: s.tokens)
-DUPLICATES = figure_of(TokenizeStats, lambda s: s.sink.replaced)
+DUPLICATES = figure_of(TokenizeStats, lambda s: s.sink.duplicates)
 LETTERED = figure_of(TokenizeStats, lambda s: s.dead_letters)

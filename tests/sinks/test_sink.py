@@ -115,7 +115,7 @@ def test_a_later_item_of_the_same_key_replaces_the_earlier_one_in_its_window(
 
     asyncio.run(run())
     assert ("prepare", "a=second", "b") in h.log  # one item per key, where the first one was
-    assert h.sink.stats.replaced == 1
+    assert h.sink.stats.duplicates == 1
     assert [m.prompt_ids for m in h.store.markers()] == [["a", "b"], ["a"]]
     assert h.acks() == [(0, 0), (0, 1), (0, 2), (0, 3)]  # the replaced event is acked too
     table = DatasetReader(h.store).table()

@@ -1,5 +1,6 @@
 """What a server's chat endpoint does to a request before the chat template, per server and
-version: SGLang's profiles (sglang.py) and vLLM's (vllm.py), one per version range.
+version: SGLang's profiles (sglang.py) and vLLM's (vllm.py; its content format detector in
+vllm_format.py), one per version range.
 
 A prompt rendered any other way than the server renders it is another prompt: the drift check,
 the rendered path, `--api native` and the emulator all prepare requests with these profiles. A
@@ -15,7 +16,8 @@ from typing import Any
 
 from streams.core.serving.base import ContentFormat, NormalizationError, ServerNormalization
 from streams.core.serving.sglang import SGLANG_PROFILES, SglangNormalization, detect_content_format
-from streams.core.serving.vllm import VLLM_PROFILES, VllmNormalization, detect_vllm_content_format
+from streams.core.serving.vllm import VLLM_PROFILES, VllmNormalization
+from streams.core.serving.vllm_format import detect_vllm_content_format
 
 SGLANG = "sglang"
 VLLM = "vllm"

@@ -12,7 +12,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
 from streams.core import faust_app
-from streams.core.faust_app import create_app, guard_commits, guarded
+from streams.core.faust_app import create_app, guard_commits
 from streams.core.leases import HOLE_CHECK_S, LeaseError, Leases, Verdict
 from streams.core.settings import KafkaSettings
 
@@ -169,23 +169,6 @@ def test_acks_must_come_in_offset_order() -> None:
         assert leases.committable(P0, 1) == 1  # faust may commit less: never raised
 
     asyncio.run(scenario())
-
-
-def test_the_guard_lowers_a_commit_past_the_acked_run_and_says_so(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    async def scenario() -> dict[Any, int]:
-        leases, _ = connected(committed=0)
-        lease = leases.lease(P0)
-        for offset in range(3):
-            await leases.admit(lease, offset)
-        leases.acked(lease, 0)
-        # partition 1 has no lease: left out
-        return guarded(leases, {P0: 3, TP("prompts", 1): 8}, logging.getLogger("t"))
-
-    with caplog.at_level(logging.ERROR):
-        assert asyncio.run(scenario()) == {P0: 1}
-    assert any("lowered from 3 to 1" in r.getMessage() for r in caplog.records)
 
 
 def test_the_consumer_thread_commits_what_the_guard_allows(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import urllib.request
 from dataclasses import dataclass
 
@@ -62,9 +63,9 @@ def test_generate_metrics_follow_the_stats_without_being_told() -> None:
 
 def test_tokenize_metrics_are_per_dataset() -> None:
     stats = TokenizeStats(samples=5, tokens=900, loss_tokens=400, shards=2, dead_letters=3)
-    stats.compared, stats.drifted = 5, 1
-    stats.rejected["bad_tool_call"] = 3
-    sink = stats.sink = SinkStats(replaced=1, open_bytes=1234, peak_open_bytes=5678)
+    stats.drift_compared, stats.drifted = 5, 1
+    stats.errors["bad_tool_call"] = 3
+    sink = stats.sink = SinkStats(duplicates=1, open_bytes=1234, peak_open_bytes=5678)
     metrics = TokenizeMetrics("k26-v1", declared(TokenizeStats))
     metrics.attach(lambda: read_figures(stats))
     found = samples(generate_latest(metrics.registry).decode())
@@ -126,7 +127,7 @@ def test_a_reader_names_a_figure_by_its_field_and_gets_its_declared_key() -> Non
     paused = figure_of(GenerateStats, lambda s: s.paused_for)
     assert (paused.key, paused.kind) == ("paused_auth", "gauge")  # key= differs from the field
     assert figure_of(GenerateStats, lambda s: s.completed).key == "completed"
-    duplicates = figure_of(TokenizeStats, lambda s: s.sink.replaced)  # a nested stats object
+    duplicates = figure_of(TokenizeStats, lambda s: s.sink.duplicates)  # a nested stats object
     assert (duplicates.key, duplicates.metric) == ("duplicates", "draftgen_tokenize_duplicates")
     assert figure_of(GenerateStats, lambda s: s.errors).by_kind
     assert note_of(GenerateStats, lambda s: s.exact_ids) == "exact_ids"
@@ -134,3 +135,20 @@ def test_a_reader_names_a_figure_by_its_field_and_gets_its_declared_key() -> Non
         figure_of(TokenizeStats, lambda s: s.sink.budget_flushes)  # counted, not a figure
     with pytest.raises(LookupError, match="exact_ids"):
         figure_of(GenerateStats, lambda s: s.exact_ids)  # a note, not a figure
+
+
+@pytest.mark.parametrize(
+    ("stats_type", "role"), [(GenerateStats, "generate"), (TokenizeStats, "tokenize")]
+)
+def test_a_figure_has_one_name_its_fields_in_heartbeats_and_prometheus(
+    stats_type: type, role: str
+) -> None:
+    """A figure's heartbeat key is its field's name (or the attribute it reads), and its
+    Prometheus name is `draftgen_{role}_{key}`; only a figure computed from its field (a
+    `value`) is named for what it computes."""
+    for field in dataclasses.fields(stats_type):
+        for fig in field.metadata.get("figures", ()):
+            key = fig.key or field.name
+            if fig.value is None:
+                assert key == (fig.attr or field.name), (field.name, key)
+            assert fig.metric == f"draftgen_{role}_{key}", (field.name, fig.metric)

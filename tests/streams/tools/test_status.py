@@ -251,7 +251,7 @@ def test_status_reads_the_figures_the_stats_declare() -> None:
     generate.paused, generate.paused_for, generate.exact_ids = True, "auth", "exact via x (y)"
     generate.errors.update({"http_503": 2})
     tokenize = TokenizeStats(samples=5, tokens=900, dead_letters=2)
-    tokenize.sink.replaced = 4
+    tokenize.sink.duplicates = 4
 
     def sent(stats: Figures, role: str, label: str) -> Heartbeat:
         heartbeat = new_heartbeat(role, label, 5.0, None)
