@@ -89,7 +89,7 @@ def test_the_family_setting_and_its_docs_offer_exactly_the_registered_families()
     """`--family` takes its choices from the registry (`FAMILIES`); the docs' row is written by
     hand, so a family registered in registry.py must be added to docs/configuration.md."""
     registered = tuple(FAMILIES)
-    assert registered == ("kimi_k2", "qwen3", "generic")
+    assert {"kimi_k2", "qwen3", "generic"} <= set(registered)  # the built-in ones
     for command in (["worker", "generate"], ["worker", "tokenize"]):
         for name in registered:
             argv = [*command, "--family", name]
