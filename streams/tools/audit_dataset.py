@@ -31,6 +31,7 @@ from sinks.shards import ShardStore
 from streams.core.errors import CliError
 from streams.core.records import origin_of
 from streams.core.settings import COMPLETIONS, KafkaSettings
+from streams.core.settings.names import tokenize_group_name
 from streams.tools.audit_ids import HashedIds, Hashes
 from streams.tools.seal import group_offsets
 
@@ -214,9 +215,7 @@ async def open_version(
     if sealed is not None:
         offsets = {int(p): o for p, o in sealed.offsets.items()}
     else:
-        group = str(
-            (info or {}).get("consumer_group") or kafka.group(f"draftgen-tokenize-{dataset}")
-        )
+        group = str((info or {}).get("consumer_group") or kafka.group(tokenize_group_name(dataset)))
         offsets, _ = await group_offsets(kafka, group, kafka.topic(COMPLETIONS))
     windows = await asyncio.to_thread(load_windows, store, offsets, sealed is not None)
     result = VersionResult(dataset=dataset, sealed=sealed is not None, offsets=offsets)

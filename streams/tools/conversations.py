@@ -32,7 +32,8 @@ from streams.core.range_reader import RangeReader
 from streams.core.records import CompletionRecord, RecordError
 from streams.core.settings import COMPLETIONS, KafkaSettings
 from streams.core.topic_reader import ConsumerRecord
-from streams.tools.export import JsonlPart, ParquetPart, Part, Writer
+from streams.tools.export_parts import JsonlPart, ParquetPart, Part
+from streams.tools.export_writers import Writer
 
 _TOOL_CALL = pa.struct(
     [

@@ -1,10 +1,10 @@
 """The formats `draftgen export --format` writes: the one list, `EXPORT_FORMATS`.
 
-A format is a `Writer` (streams/tools/export.py: how its files are opened, named and finished)
-in a module of its own or beside the others, registered here once with its help line and what
-it needs; `open_writer` makes the one that `export` is given. `--format`'s choices and help,
-the command's one-line help, the check on a value from the environment and the docs' check
-(tests/streams/cli/test_export.py) all read this list.
+A format is a `Writer` (streams/tools/export_writers.py: how its files are opened, named and
+finished) in a module of its own or beside the others, registered here once with its help line
+and what it needs; `open_writer` makes the one that `export` is given. `--format`'s choices
+and help, the command's one-line help, the check on a value from the environment and the docs'
+check (tests/streams/cli/test_export.py) all read this list.
 
 This module is cheap to import (the writers' modules, with pyarrow and the shard reader, are
 imported when an export is written), so `draftgen export --help` or a bad flag is said at once.
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from streams.core.registry import Registry
 
 if TYPE_CHECKING:
-    from streams.tools.export import Writer
+    from streams.tools.export_writers import Writer
 
 
 @dataclass(frozen=True)
@@ -34,19 +34,19 @@ class ExportFormat:
 
 
 def _specforge() -> Callable[[str, Path], Writer]:
-    from streams.tools.export import SpecforgeWriter
+    from streams.tools.export_writers import SpecforgeWriter
 
     return SpecforgeWriter
 
 
 def _hf() -> Callable[[str, Path], Writer]:
-    from streams.tools.export import HfWriter
+    from streams.tools.export_writers import HfWriter
 
     return HfWriter
 
 
 def _parquet() -> Callable[[str, Path], Writer]:
-    from streams.tools.export import ParquetWriter
+    from streams.tools.export_writers import ParquetWriter
 
     return ParquetWriter
 

@@ -13,6 +13,7 @@ from sinks.manifest import SealedManifest
 from sinks.shards import ShardStore
 from streams.core.errors import CliError
 from streams.core.settings import COMPLETIONS, KafkaSettings
+from streams.core.settings.names import tokenize_group_name
 from streams.core.topic_reader import TopicReader
 
 
@@ -121,7 +122,9 @@ async def seal(
     more, sinks/sink.py), then seal it at the offsets committed once they stopped moving."""
     started = time.monotonic()
     info = await wait_for_version(store, timeout_s)
-    group = str(info.get("consumer_group") or kafka.group(f"draftgen-tokenize-{info['dataset']}"))
+    group = str(
+        info.get("consumer_group") or kafka.group(tokenize_group_name(str(info["dataset"])))
+    )
     if not await asyncio.to_thread(store.fenced):
         remaining = max(timeout_s - (time.monotonic() - started), 1.0)
         await wait_caught_up(kafka, group, remaining, on_lag=on_lag)

@@ -28,6 +28,7 @@ from streams.core.settings import (
     StatusSettings,
     StorageSettings,
 )
+from streams.core.settings.names import TOKENIZE_GROUP_PREFIX, tokenize_group_name
 from streams.core.topics import group_names
 from streams.observe.heartbeat import HeartbeatReader
 from streams.tools.progress import DeadLetterReader, dataset_figures
@@ -44,7 +45,6 @@ from streams.tools.status_view import (
     tokenizer_rows,
 )
 
-TOKENIZE_GROUP_PREFIX = "draftgen-tokenize-"
 # the drift causes a dataset row of `status --json` lists, most frequent first
 STATUS_CAUSES = 5
 
@@ -192,7 +192,7 @@ class StatusProbe:
             storage = self.settings.storage
             manifest = ShardStore(storage.out, dataset, storage.storage_options()).manifest()
             group = (manifest or {}).get("consumer_group")
-        return str(group) if group else self.kafka.group(TOKENIZE_GROUP_PREFIX + dataset)
+        return str(group) if group else self.kafka.group(tokenize_group_name(dataset))
 
     def _topics_of(self, group: str, committed: dict[TopicPartition, object]) -> list[str]:
         """Which of the pipeline's input topics a group reads: by its name, or by its commits

@@ -24,7 +24,7 @@ from compose.tiny_tokenizers import build_qwen36_tokenizer
 from producers.publish import publish
 from producers.sources import parse_source_spec
 from sinks.shards import ShardStore
-from streams.cli.run import RunFailed, wait_until_done
+from streams.cli.run_wait import RunFailed, wait_until_done
 from streams.core.settings import KafkaSettings
 from streams.tools.dead_letters import read_dead_letters
 from streams.tools.progress import dataset_figures

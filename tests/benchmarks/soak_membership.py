@@ -54,7 +54,8 @@ from producers.publish import publish
 from producers.sources import parse_source_spec
 from sinks.reader import DatasetReader
 from sinks.shards import ShardStore
-from streams.cli.run import exit_line, worker_env
+from streams.cli.run import worker_env
+from streams.cli.run_wait import exit_line
 from streams.core.settings import KafkaSettings
 from streams.tools.audit import audit
 from streams.tools.dead_letters import read_dead_letters

@@ -28,7 +28,7 @@ from producers.publish import PublishSummary, publish
 from producers.sources import parse_source_spec
 from sinks.reader import DatasetReader
 from sinks.shards import ShardStore
-from streams.cli.run import RunResult, wait_until_done
+from streams.cli.run_wait import RunResult, wait_until_done
 from streams.core.records import CompletionRecord, DeadLetter
 from streams.core.settings import COMPLETIONS, KafkaSettings
 from streams.tools.dead_letters import read_dead_letters

@@ -1,6 +1,6 @@
-"""Names and value sets of the settings that need no validation library: topic names, the
-choices of a few settings, and the generate window's arithmetic. Importing this module costs
-nothing, so the command line can show its help without pydantic."""
+"""Names and value sets of the settings that need no validation library: topic and group
+names, the choices of a few settings, and the generate window's arithmetic. Importing this
+module costs nothing, so the command line can show its help without pydantic."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ PROMPTS = "prompts"
 COMPLETIONS = "completions"
 DEAD_LETTERS = "dead-letters"
 GENERATE_GROUP = "draftgen-generate"
+# every dataset version's tokenize group starts so (tokenize_group_name)
+TOKENIZE_GROUP_PREFIX = "draftgen-tokenize-"
 # compacted: the latest heartbeat of each live worker, read by `draftgen status`
 WORKER_STATS = "worker-stats"
 # compacted: one record per (prompt_id, generation settings) generated (streams/core/ledger.py)
@@ -43,6 +45,17 @@ Compression = Literal["gzip", "none"]
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 # aiokafka's mechanisms
 SaslMechanism = Literal["PLAIN", "GSSAPI", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]
+
+
+def tokenize_group_name(dataset: str, nonce: str | None = None) -> str:
+    """The consumer group of a dataset version's tokenize workers, before `--topic-prefix`
+    (`KafkaSettings.group`): named after the version, or with a `nonce` a new group of its
+    own, the version's name cut so that it stays a name of at most 100 characters."""
+    if nonce is None:
+        return f"{TOKENIZE_GROUP_PREFIX}{dataset}"
+    room = 100 - len(TOKENIZE_GROUP_PREFIX) - len(nonce) - 1  # a SafeName (settings/base.py)
+    return f"{TOKENIZE_GROUP_PREFIX}{dataset[:room]}-{nonce}"
+
 
 # requests in flight against one server when not given, or when "auto" finds no cap
 DEFAULT_CONCURRENCY = 32

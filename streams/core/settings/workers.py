@@ -24,6 +24,7 @@ from streams.core.settings.names import (
     DEFAULT_CONCURRENCY,
     GenerateApi,
     Normalization,
+    tokenize_group_name,
 )
 from streams.core.settings.policy import SamplePolicy
 from streams.core.settings.storage import StorageSettings
@@ -254,7 +255,7 @@ class TokenizeSettings(Settings):
 
     @property
     def consumer_group(self) -> str:
-        return self.kafka.group(self.group_id or f"draftgen-tokenize-{self.dataset}")
+        return self.kafka.group(self.group_id or tokenize_group_name(self.dataset))
 
 
 class ObserveSettings(Settings):

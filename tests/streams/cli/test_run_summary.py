@@ -13,12 +13,12 @@ from streams.cli.flags import build, settings_file
 from streams.cli.main import build_parser
 from streams.cli.run import (
     TOKENIZE_FLAGS,
-    RunResult,
     not_built_before,
-    print_summary,
     tokenize_group,
     write_settings,
 )
+from streams.cli.run_summary import print_summary
+from streams.cli.run_wait import RunResult
 from streams.core.settings import (
     KafkaSettings,
     PublishSettings,

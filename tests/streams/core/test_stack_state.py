@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from streams.cli.run import print_next_steps
+from streams.cli.run_summary import print_next_steps
 from streams.core.settings import KafkaSettings, StackSettings, StorageSettings, current_stack
 from streams.core.stack_state import StackState, live_stack, supervisor_alive
 from tests.polling import wait_for

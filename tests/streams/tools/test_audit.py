@@ -14,7 +14,9 @@ from streams.core.ledger import claim_key, dead_key, ledger_key
 from streams.core.records import CompletionRecord, DeadLetter, PromptRecord
 from streams.core.settings import KafkaSettings
 from streams.core.turns import turn_prompt_id
-from streams.tools.audit import Audit, HashedIds, republish_command
+from streams.tools.audit import republish_command
+from streams.tools.audit_check import Audit
+from streams.tools.audit_ids import HashedIds
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 SETTINGS = "0123456789abcdef"

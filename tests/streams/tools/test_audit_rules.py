@@ -12,7 +12,7 @@ import numpy as np
 from streams.core.ledger import dead_key, ledger_key, settings_hash
 from streams.core.records import CompletionRecord, DeadLetter, PromptRecord, origin_of
 from streams.core.turns import EVERY_TURN, turn_prompt_id
-from streams.tools.audit import Audit
+from streams.tools.audit_check import Audit
 from streams.tools.audit_dataset import VersionCheck, VersionResult, Window
 from streams.tools.audit_ids import completion_facts
 from streams.tools.audit_report import retention_of
