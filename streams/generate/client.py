@@ -1,8 +1,6 @@
-"""Talks to one SGLang server through the `openai` async client (one pooled client per worker).
-
-Classifies every failure as permanent (dead letter at once), transient (retry with backoff),
-server-down (pause the worker until /health_generate answers) or refused credentials (401/403:
-pause the worker until the server accepts its API key), the things a worker does.
+"""Talks to one SGLang server through the `openai` async client (one pooled client per worker):
+its health, the served model, how it returns ids, and the completions. What a failure means is
+failures.py's; which server it is, identity.py's.
 """
 
 from __future__ import annotations
@@ -19,16 +17,10 @@ import orjson
 from streams.core.families import GENERIC, family_for_model
 from streams.core.recipes import OPENAI_FIELDS, effective_sampling, effective_thinking
 from streams.core.records import CompletionRecord, PromptRecord
-from streams.core.serving import (
-    SGLANG,
-    VLLM,
-    ServerNormalization,
-    profile_for_version,
-    profile_named,
-)
+from streams.core.serving import ServerNormalization, profile_for_version, profile_named
 from streams.core.settings import GenerateSettings
 from streams.core.tokenizers import load_tokenizer
-from streams.generate.capacity import SERVER_INFO_PATHS, running_cap
+from streams.generate.capacity import running_cap
 from streams.generate.exact_ids import (
     NATIVE,
     NO_IDS,
@@ -37,64 +29,12 @@ from streams.generate.exact_ids import (
     find_ids,
     way_of,
 )
+from streams.generate.failures import AUTH_STATUSES, GenerationError, classify, status_error
+from streams.generate.identity import ServerIdentity, ServerRoutes
 from streams.generate.native import NativeChat, NativeError
 from streams.generate.stats import AUTH, DOWN
 
 log = logging.getLogger(__name__)
-
-AUTH_STATUSES = (401, 403)
-
-
-class GenerationError(Exception):
-    """A request that failed; `transient` says whether retrying can help, `auth` that the
-    server refused the credentials (the operator's to fix, not the prompt's fault)."""
-
-    def __init__(
-        self,
-        kind: str,
-        message: str,
-        transient: bool,
-        server_down: bool = False,
-        auth: bool = False,
-    ):
-        super().__init__(f"{kind}: {message}")
-        self.kind = kind
-        self.message = message
-        self.transient = transient
-        self.server_down = server_down
-        self.auth = auth
-
-
-def classify(err: Exception) -> GenerationError:
-    if isinstance(err, openai.APITimeoutError | httpx2.TimeoutException):
-        return GenerationError("timeout", "request timed out", transient=True)
-    if isinstance(err, openai.APIConnectionError | httpx2.TransportError):
-        # Refused or reset: the server may be down; the caller probes health before counting it.
-        return GenerationError("connection_error", _short(err), transient=True, server_down=True)
-    if isinstance(err, openai.APIStatusError):
-        return status_error(err.status_code, _error_message(err))
-    return GenerationError(type(err).__name__, _short(err), transient=False)
-
-
-def status_error(status: int, message: str) -> GenerationError:
-    if status in AUTH_STATUSES:
-        return GenerationError(f"http_{status}", message, transient=False, auth=True)
-    if status == 400 and "context length" in message:
-        return GenerationError("context_too_long", message, transient=False)
-    if status in (408, 429) or status >= 500:
-        return GenerationError(f"http_{status}", message, transient=True)
-    return GenerationError(f"http_{status}", message, transient=False)
-
-
-def _error_message(err: openai.APIStatusError) -> str:
-    body = err.body
-    if isinstance(body, dict) and isinstance(body.get("message"), str):
-        return body["message"][:500]
-    return _short(err)
-
-
-def _short(err: Exception) -> str:
-    return (str(err) or type(err).__name__).splitlines()[0][:500]
 
 
 @dataclass(frozen=True)
@@ -127,16 +67,22 @@ class SGLangClient:
         self.ids_way: IdsWay | None = None
         # how the server preprocesses chat requests (use_server_version); forced by the setting
         self.normalization: ServerNormalization = profile_named(settings.normalization)
-        self.server_version: str | None = None
-        # which server reported it: SGLang (/server_info) or vLLM (/version)
-        self.server_kind: str = SGLANG
-        self.model_revision: str | None = None
+        self.routes = ServerRoutes(self._http, self.base_url, self._auth_headers())
+        self.identity = ServerIdentity()  # what the server says it is (use_server_version)
         # `--api native`: prompts rendered here, posted to /generate (streams/generate/native.py)
         self.native: NativeChat | None = None
         if settings.api == "native":
             assert settings.tokenizer_dir is not None  # the settings check it
             loaded = load_tokenizer(settings.tokenizer_dir, family=settings.family)
             self.native = NativeChat(loaded, settings.thinking, self.normalization)
+
+    @property
+    def server_version(self) -> str | None:
+        return self.identity.version
+
+    @property
+    def server_kind(self) -> str:
+        return self.identity.kind
 
     async def close(self) -> None:
         await self._openai.close()
@@ -164,68 +110,17 @@ class SGLangClient:
             return DOWN
         return AUTH if response.status_code in AUTH_STATUSES else None
 
-    async def _server_info(self) -> dict[str, Any] | None:
-        """The server's `/server_info` (older servers: `/get_server_info`), None when it has
-        neither or answers no JSON object. A server that cannot be reached raises (the caller
-        waits it out)."""
-        headers = self._auth_headers()
-        for path in SERVER_INFO_PATHS:
-            try:
-                response = await self._http.get(
-                    f"{self.base_url}{path}", headers=headers, timeout=30.0
-                )
-            except httpx2.HTTPError as err:
-                raise classify(err) from None
-            if response.status_code == 404:
-                continue  # an older server: its older name
-            if response.status_code >= 500 or response.status_code in AUTH_STATUSES:
-                raise status_error(response.status_code, response.text[:500])
-            if response.status_code != 200:
-                return None
-            try:
-                info = orjson.loads(response.content)
-            except orjson.JSONDecodeError:
-                return None
-            return info if isinstance(info, dict) else None
-        return None
-
-    async def _vllm_version(self) -> str | None:
-        """vLLM's `/version` ({"version": "0.34.0"}); None when the server has no such route or
-        answers no version. A server that cannot be reached raises (the caller waits it out)."""
-        try:
-            response = await self._http.get(
-                f"{self.base_url}/version", headers=self._auth_headers(), timeout=30.0
-            )
-        except httpx2.HTTPError as err:
-            raise classify(err) from None
-        if response.status_code >= 500 or response.status_code in AUTH_STATUSES:
-            raise status_error(response.status_code, response.text[:500])
-        try:
-            answer = orjson.loads(response.content) if response.status_code == 200 else None
-        except orjson.JSONDecodeError:
-            return None
-        version = answer.get("version") if isinstance(answer, dict) else None
-        return version if isinstance(version, str) else None
-
     async def max_running_requests(self) -> int | None:
         """The server's running-request cap (streams/generate/capacity.py), or None when it
         does not say. A server that cannot be reached raises (the caller waits it out)."""
-        return running_cap(await self._server_info())
+        return running_cap(await self.routes.server_info())
 
     async def use_server_version(self) -> ServerNormalization:
         """Ask the server its version (SGLang's `/server_info` `version`, else vLLM's
         `/version`) and render prompts as that server's version preprocesses chat requests,
         unless `--normalization` forces a profile; a server that says no version gets the
         newest SGLang profile."""
-        info = await self._server_info()
-        version = (info or {}).get("version")
-        self.server_kind = SGLANG
-        if not isinstance(version, str):
-            version = await self._vllm_version()
-            self.server_kind = VLLM if version is not None else SGLANG
-        self.server_version = version
-        revision = (info or {}).get("revision")  # SGLang's --revision, when it was given
-        self.model_revision = revision if isinstance(revision, str) else None
+        self.identity = await self.routes.identify()
         if self.settings.normalization is None:
             self.normalization = profile_for_version(self.server_version, self.server_kind)
         if self.native is not None:
@@ -301,11 +196,6 @@ class SGLangClient:
         thinking = effective_thinking(self.settings.thinking, policy)
         return sampling, thinking, policy.recipe if policy is not None else ""
 
-    def served(self) -> dict[str, Any]:
-        """Who answered, for the completion's provenance."""
-        served = {"kind": self.server_kind, "version": self.server_version}
-        return served | ({"revision": self.model_revision} if self.model_revision else {})
-
     async def complete(self, prompt: PromptRecord) -> CompletionRecord:
         if self.native is not None:
             return await self._complete_native(prompt, self.native)
@@ -356,7 +246,7 @@ class SGLangClient:
             server=self.base_url,
             sampling={**sampling, "chat_template_kwargs": kwargs},
             recipe=recipe,
-            served=self.served(),
+            served=self.identity.served(),
             normalization=self.normalization.name,
             latency_s=round(time.monotonic() - started, 4),
         )
@@ -392,7 +282,7 @@ class SGLangClient:
             server=self.base_url,
             sampling={**sampling, "chat_template_kwargs": native.template_kwargs(thinking)},
             recipe=recipe,
-            served=self.served(),
+            served=self.identity.served(),
             normalization=self.normalization.name,
             latency_s=round(time.monotonic() - started, 4),
         )

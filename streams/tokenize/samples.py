@@ -51,7 +51,6 @@ bad_token_ids, token_out_of_range, too_few_loss_tokens, encode_error, bad_normal
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
@@ -62,6 +61,7 @@ from streams.core.records import CompletionRecord
 from streams.core.serving import NEWEST, PROFILES, ServerNormalization
 from streams.tokenize.drift import drift_cause, first_difference
 from streams.tokenize.encoder import EncoderChoice, TextEncoder
+from streams.tokenize.known_ids import NONE_KNOWN, Known, KnownIds
 from streams.tokenize.rendering import RenderedText, Renderer
 from streams.tokenize.sample_types import (
     TOKEN_SOURCES,
@@ -72,12 +72,6 @@ from streams.tokenize.sample_types import (
     SampleError,
     TokenSource,
 )
-
-log = logging.getLogger(__name__)
-
-# the server's (prompt, turn) ids that stand for the rendering's encoding, None where not
-Known = tuple[Ids | None, Ids | None]
-NONE_KNOWN: Known = (None, None)
 
 __all__ = [
     "TOKEN_SOURCES",
@@ -115,13 +109,12 @@ class SampleBuilder:
         self.renderer = Renderer(tokenizer, profile, template_kwargs)
         self._vocab_size = len(tokenizer)
         self.encoder = TextEncoder(tokenizer, encoder)
-        # the server's prompt ids stand for the rendered prompt's encoding when they spell it
-        # (until one that spells it is not its encoding); which of a batch's is checked
-        self.trust_server_prompts = True
-        self._probes = 0
-        # True: every turn encoded (a turn the model sampled in other tokens than its text's
-        # encoding is drift); False: the server's turn ids that spell the turn stand for it
-        self.encode_turns = encode_turns
+        self.known_ids = KnownIds(self.encoder, encode_turns)
+
+    @property
+    def trust_server_prompts(self) -> bool:
+        """Whether the server's prompt ids that spell a prompt still stand for its encoding."""
+        return self.known_ids.trust_server_prompts
 
     # -- public ---------------------------------------------------------------------------
 
@@ -148,7 +141,8 @@ class SampleBuilder:
                 except SampleError as err:
                     rendered[i] = err
 
-        known = self._known(servers, rendered)
+        # with rendered samples every text is encoded
+        known = self.known_ids.find(servers, rendered) if self.prefer == "server" else {}
         encoded = self._encode(rendered, self.encoder.encode_batch, known)
         assembled = {i: self._assemble(server, encoded.get(i)) for i, server in servers.items()}
         if self.encoder.twin or known:
@@ -202,57 +196,6 @@ class SampleBuilder:
                 return
 
     # -- tokens ---------------------------------------------------------------------------
-
-    def _known(
-        self,
-        servers: Mapping[int, tuple[Ids, Ids] | None],
-        rendered: Mapping[int, RenderedText | SampleError],
-    ) -> dict[int, Known]:
-        """The server's ids that stand for the encoding of the rendered prompt and turn, by
-        completion (the module's docstring): prompt ids that spell the prompt, and, unless
-        every turn is encoded, turn ids that spell the turn. One of the prompts is encoded by
-        the tokenizer all the same, a different one each batch; if its ids differ, no prompt
-        is trusted from then on."""
-        if self.prefer != "server":
-            return {}
-        prompts, turns = self.trust_server_prompts, not self.encode_turns
-        if not (prompts or turns):
-            return {}
-        spells = self.encoder.spells
-        known: dict[int, Known] = {}
-        for i, item in rendered.items():
-            server = servers.get(i)
-            if server is None or not isinstance(item, RenderedText):
-                continue
-            prompt = server[0] if prompts and spells(server[0], item.prompt) else None
-            turn = server[1] if turns and spells(server[1], item.turn, normalized=True) else None
-            if prompt is not None or turn is not None:
-                known[i] = (prompt, turn)
-        spelled = {i: prompt for i, (prompt, _) in known.items() if prompt is not None}
-        if not spelled:
-            return known
-        probe = list(spelled)[self._probes % len(spelled)]
-        self._probes += 1
-        try:
-            [ids] = self.encoder.reference([cast(RenderedText, rendered[probe]).prompt])
-        except Exception:  # encoded the usual way below, where a failure is the sample's
-            known[probe] = (None, known[probe][1])
-            return known
-        if not np.array_equal(np.asarray(ids, dtype=np.int32), spelled[probe]):
-            self._distrust("a prompt of a batch")
-            return {i: (None, turn) for i, (_, turn) in known.items() if turn is not None}
-        return known
-
-    def _distrust(self, where: str) -> None:
-        """The server's prompt ids spelled a prompt but were not its encoding: from now on every
-        prompt is encoded."""
-        if self.trust_server_prompts:
-            log.warning(
-                "the server's prompt ids are not the tokenizer's encoding of their own text on "
-                "%s; encoding every prompt from now on",
-                where,
-            )
-        self.trust_server_prompts = False
 
     def _encode(
         self,
@@ -323,7 +266,7 @@ class SampleBuilder:
     ) -> None:
         """A drift measured with the twin's ids or known ids is re-measured with the
         tokenizer's own encoding of both, so that a drift is the tokenizer's, never the twin's
-        (encoder.py) nor the server's prompt ids' (`_known`); a known turn that is not the
+        (encoder.py) nor the server's prompt ids' (known_ids.py); a known turn that is not the
         encoding of its text (the model sampled another spelling) is drift, as when encoded."""
         drifted = {
             i: rendered[i]
@@ -338,7 +281,7 @@ class SampleBuilder:
                 continue
             prompt, turn = known.get(i, NONE_KNOWN)
             if prompt is not None and not _same_prompt(confirmed, ours):
-                self._distrust("a drifted sample")
+                self.known_ids.distrust("a drifted sample")
             if turn is None and not _same_turn(confirmed, ours):
                 self.encoder.disable("a sample whose ids differ from the server's")
             assembled[i] = self._assemble(servers[i], confirmed)

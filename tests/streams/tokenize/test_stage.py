@@ -50,7 +50,7 @@ def test_a_later_completion_replaces_the_earlier_one_in_its_window(tmp_path: Pat
     assert stage.builder.batches == [["a", "b"]]  # built once, the earlier one never
     assert [m.prompt_ids for m in stage.store.markers()] == [["a", "b"]]
     assert stage.outcomes() == ([("a", 11), ("b", 5)], {})
-    assert stage.worker.sink.stats.replaced == 1
+    assert stage.worker.sink.stats.duplicates == 1
     assert stage.acks() == [0, 1, 2]
 
 
@@ -66,7 +66,7 @@ def test_a_later_completion_in_a_later_window_is_written_and_wins(tmp_path: Path
     asyncio.run(run())
     assert [m.prompt_ids for m in stage.store.markers()] == [["a", "b"], ["a", "c"]]
     assert stage.outcomes() == ([("b", 5), ("a", 11), ("c", 5)], {})
-    assert stage.worker.sink.stats.replaced == 0
+    assert stage.worker.sink.stats.duplicates == 0
     assert stage.acks() == [0, 1, 2, 3]
 
 
@@ -158,7 +158,7 @@ def test_stats_count_a_window_once_it_is_committed(tmp_path: Path) -> None:
         await stage.complete("c", content="bad")
         await stage.complete("a")
         assert (stats.samples, stats.shards, stats.dead_letters) == (0, 0, 0)
-        assert stage.worker.sink.stats.replaced == 1
+        assert stage.worker.sink.stats.duplicates == 1
         await stage.idle_flush()
 
     asyncio.run(run())
