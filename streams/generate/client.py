@@ -44,7 +44,10 @@ class Generated:
     fields: dict[str, Any]
 
 
-class SGLangClient:
+class HttpServerClient:
+    """The `ServerClient` of one SGLang or vLLM server, over HTTP: its chat API (or SGLang's
+    `/generate` with `--api native`), what it is, how it returns exact ids, and its health."""
+
     def __init__(self, settings: GenerateSettings):
         self.settings = settings
         self.base_url = settings.server.rstrip("/")

@@ -60,7 +60,7 @@ class NativeChat:
         self.tokenizer = loaded.tokenizer
         self.profile = loaded.profile
         self.thinking = thinking
-        # the server version's preprocessing (SGLangClient.use_server_version sets it)
+        # the server version's preprocessing (HttpServerClient.use_server_version sets it)
         self.normalization = normalization
         self.chat_template = getattr(self.tokenizer, "chat_template", None)
         eot = self.profile.end_of_turn

@@ -1,5 +1,5 @@
 """What the generate stage asks of its collaborators: each a Protocol, so that a unit test
-passes a small fake and the app passes the real one (SGLangClient, LedgerFollower, CrashGuard,
+passes a small fake and the app passes the real one (HttpServerClient, LedgerFollower, CrashGuard,
 KafkaBacklogs)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ class Named(Protocol):
 
 
 class ServerClient(Protocol):
-    """One SGLang server (streams/generate/client.py)."""
+    """One SGLang or vLLM server (streams/generate/client.py `HttpServerClient`)."""
 
     @property
     def base_url(self) -> str: ...

@@ -15,7 +15,7 @@ from streams.observe.figures import (
     read_figures,
 )
 
-# why a server cannot take requests now (`SGLangClient.unavailable`, `paused_for`): here, not in
+# why a server cannot take requests now (`HttpServerClient.unavailable`, `paused_for`): here, not in
 # the client, so what reads the figures (status, the console) does not import the client
 DOWN = "down"
 AUTH = "auth"  # it refuses our API key (401) or what the key may do (403)

@@ -8,11 +8,11 @@ from collections.abc import Callable
 
 from streams.core.records import CompletionRecord, PromptRecord
 from streams.core.settings import GenerateSettings
-from streams.generate.client import SGLangClient
+from streams.generate.client import HttpServerClient
 from streams.generate.stats import GenerateStats
 
 
-class TimedClient(SGLangClient):
+class TimedClient(HttpServerClient):
     def __init__(
         self, settings: GenerateSettings, stats: GenerateStats, observe: Callable[[float], None]
     ):

@@ -25,14 +25,14 @@ from streams.observe.app import install
 from streams.observe.figures import declared, read_figures
 from streams.observe.metrics import TokenizeMetrics
 from streams.tokenize.policies import PolicySampleBuilder
-from streams.tokenize.stage import TokenizeWorker
+from streams.tokenize.stage import TokenizeStage
 from streams.tokenize.stats import TokenizeStats
 
 log = logging.getLogger(__name__)
 
 
 def observe_tokenize(
-    app: faust.App, worker: TokenizeWorker, metrics: TokenizeMetrics, settings: ObserveSettings
+    app: faust.App, worker: TokenizeStage, metrics: TokenizeMetrics, settings: ObserveSettings
 ) -> str | None:
     metrics.attach(lambda: read_figures(worker.stats))
     return install(app, worker.settings.kafka, metrics, settings, Outage("broker", log))
@@ -75,7 +75,7 @@ def build_tokenize_app(
     loaded: LoadedTokenizer,
     store: ShardStore,
     observe: ObserveSettings | None = None,
-) -> tuple[faust.App, TokenizeWorker]:
+) -> tuple[faust.App, TokenizeStage]:
     kafka = settings.kafka
     observe = observe or ObserveSettings()
     guard = CrashGuard(observe.state_dir, settings.consumer_group)
@@ -85,7 +85,7 @@ def build_tokenize_app(
         prefetch=min(settings.shard_max_records, 1024),
         offset_reset="earliest" if settings.from_beginning else "latest",
     )
-    worker = TokenizeWorker(
+    worker = TokenizeStage(
         settings,
         PolicySampleBuilder(
             loaded.tokenizer,

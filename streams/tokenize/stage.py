@@ -51,7 +51,7 @@ Item = CompletionRecord | DeadLetter | Other
 BUILD_TOKENS = 256 * 1024
 
 
-class TokenizeWorker:
+class TokenizeStage:
     """The stage behind `sink` (a `SinkStage`): the agent feeds `sink.add`, a timer calls
     `sink.flush_idle`, a revocation `sink.on_revoked`."""
 

@@ -14,7 +14,7 @@ is its own), alternating, `--repeats` times; medians with the spread (min–max)
 - `twin encode_batch`: the same batches through the stage's default encoder, the tiktoken twin
   of the tokenizer (streams/tokenize/encoder.py), ids taken out as lists;
 - `stage rendered` / `stage server+drift` / `stage server`: the tokenize stage as a worker runs
-  it (`TokenizeWorker` and its `ShardSink` writing Arrow shards and markers to a local
+  it (`TokenizeStage` and its `ShardSink` writing Arrow shards and markers to a local
   directory), fed the encoded records as events of `--partitions` partitions; Kafka is not in
   the measurement (`bench_replay.py` measures replay through a broker);
 - `stage rendered, own`: the stage rendering with the tokenizer's own encoder
@@ -171,7 +171,7 @@ async def _run_stage(mode: str, records: list[bytes], tokenizer_dir: Path, args:
     from streams.core.settings import KafkaSettings, StorageSettings, TokenizeSettings
     from streams.core.tokenizers import load_tokenizer
     from streams.tokenize.policies import PolicySampleBuilder
-    from streams.tokenize.stage import TokenizeWorker
+    from streams.tokenize.stage import TokenizeStage
 
     loaded = load_tokenizer(tokenizer_dir)
     _warm(loaded.tokenizer)
@@ -203,7 +203,7 @@ async def _run_stage(mode: str, records: list[bytes], tokenizer_dir: Path, args:
         async def send(topic: str, key: bytes, value: bytes) -> None:
             raise AssertionError(f"a dead letter in the benchmark: {value[:300]!r}")
 
-        worker = TokenizeWorker(
+        worker = TokenizeStage(
             settings, builder, ShardStore(out, "bench"), send, "dead", clock=lambda: now[0]
         )
         timer = Timer()

@@ -12,7 +12,7 @@ import pytest
 
 from streams.core.records import PromptRecord
 from streams.core.settings import GenerateSettings, KafkaSettings
-from streams.generate.client import AUTH, DOWN, SGLangClient
+from streams.generate.client import AUTH, DOWN, HttpServerClient
 from streams.generate.worker import GenerateWorker, generate_backoff
 from tests.polling import wait_for_async
 
@@ -39,7 +39,7 @@ def settings(url: str, **overrides: Any) -> GenerateSettings:
 def test_the_probe_tries_the_key_since_health_needs_none(start_emulator: StartEmulator) -> None:
     async def scenario() -> None:
         async with start_emulator("qwen36", api_key=SERVER_KEY) as emu:
-            client = SGLangClient(settings(emu.base_url))
+            client = HttpServerClient(settings(emu.base_url))
             assert await client.unavailable() == AUTH
             emu.engine.settings.api_key = WORKER_KEY
             assert await client.unavailable() is None
@@ -65,7 +65,7 @@ def test_a_refused_key_pauses_at_start_and_on_requests_until_the_server_takes_it
             worker_settings = settings(emu.base_url, model=model)
             worker = GenerateWorker(
                 worker_settings,
-                SGLangClient(settings(emu.base_url, model=model)),
+                HttpServerClient(settings(emu.base_url, model=model)),
                 send,
                 "completions",
                 "dead-letters",

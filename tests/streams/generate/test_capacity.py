@@ -22,7 +22,7 @@ from streams.cli.flags import build
 from streams.cli.main import build_parser
 from streams.core.settings import DEFAULT_CONCURRENCY, GenerateSettings, KafkaSettings
 from streams.generate.capacity import running_cap
-from streams.generate.client import SGLangClient
+from streams.generate.client import HttpServerClient
 from streams.generate.worker import GenerateWorker, generate_backoff
 
 
@@ -102,7 +102,7 @@ async def started_concurrency(url: str, concurrency: Any) -> int:
         server=url, kafka=KafkaSettings(bootstrap="127.0.0.1:9"), concurrency=concurrency
     )
     worker = GenerateWorker(
-        settings, SGLangClient(settings), _no_send, "c", "d", backoff=generate_backoff(settings)
+        settings, HttpServerClient(settings), _no_send, "c", "d", backoff=generate_backoff(settings)
     )
     await worker.start()
     try:

@@ -15,7 +15,7 @@ from compose.emulator import chat as emulator_chat
 from compose.emulator import errors as emulator_errors
 from streams.core.records import PromptRecord
 from streams.core.settings import GenerateSettings, KafkaSettings
-from streams.generate.client import SGLangClient
+from streams.generate.client import HttpServerClient
 from streams.generate.exact_ids import PROBE_REQUEST, find_ids, way_of
 from streams.generate.worker import GenerateWorker, generate_backoff
 
@@ -63,7 +63,7 @@ def test_ids_reach_the_completion_record(
             settings = GenerateSettings(
                 server=emu.base_url, kafka=KafkaSettings(bootstrap="127.0.0.1:9")
             )
-            client = SGLangClient(settings)
+            client = HttpServerClient(settings)
             worker = GenerateWorker(
                 settings,
                 client,
@@ -109,7 +109,7 @@ def test_no_probe_when_ids_are_off(start_emulator: StartEmulator) -> None:
                 kafka=KafkaSettings(bootstrap="127.0.0.1:9"),
                 return_token_ids=False,
             )
-            client = SGLangClient(settings)
+            client = HttpServerClient(settings)
             await client.discover()
             way = await client.probe_ids()
             messages = [{"role": "user", "content": "hi"}]
@@ -156,7 +156,7 @@ def test_refused_probe_asks_every_way(
             settings = GenerateSettings(
                 server=emu.base_url, kafka=KafkaSettings(bootstrap="127.0.0.1:9")
             )
-            client = SGLangClient(settings)
+            client = HttpServerClient(settings)
             await client.discover()
             with caplog.at_level(logging.WARNING, logger="streams.generate.client"):
                 assert await client.probe_ids() is None

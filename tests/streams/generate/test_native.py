@@ -16,7 +16,7 @@ import pytest
 from streams.core.records import CompletionRecord, PromptRecord
 from streams.core.settings import GenerateSettings, KafkaSettings
 from streams.core.tokenizers import load_tokenizer
-from streams.generate.client import SGLangClient
+from streams.generate.client import HttpServerClient
 from streams.generate.native import NativeChat
 from streams.generate.worker import GenerateWorker, generate_backoff
 from tests.weather import WEATHER_HISTORY, WEATHER_TOOLS
@@ -34,7 +34,7 @@ async def _no_send(topic: str, key: bytes, value: bytes) -> None:
 
 
 async def complete(settings: GenerateSettings, prompt: PromptRecord) -> CompletionRecord:
-    client = SGLangClient(settings)
+    client = HttpServerClient(settings)
     worker = GenerateWorker(
         settings,
         client,

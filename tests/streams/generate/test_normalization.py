@@ -35,7 +35,7 @@ from streams.core.serving import (
 )
 from streams.core.settings import GenerateSettings, KafkaSettings
 from streams.core.tokenizers import LoadedTokenizer, load_tokenizer
-from streams.generate.client import SGLangClient
+from streams.generate.client import HttpServerClient
 from streams.generate.native import NativeChat
 from streams.tokenize.samples import Sample, SampleBuilder
 from tests.streams.generate.normalization_cases import (
@@ -255,7 +255,7 @@ def test_the_worker_takes_the_profile_of_the_reported_version(
     async def run() -> tuple[str, str | None, str]:
         server = TestServer(build_app(settings, target.model), host="127.0.0.1")
         await server.start_server()
-        client = SGLangClient(
+        client = HttpServerClient(
             GenerateSettings(
                 server=str(server.make_url("")).rstrip("/"),
                 kafka=KafkaSettings(bootstrap="127.0.0.1:9"),
@@ -344,7 +344,7 @@ def test_bundled_prompts_do_not_drift(
         await server.start_server()
         reuse = mock.patch("streams.generate.client.load_tokenizer", return_value=target.loaded)
         with reuse:
-            client = SGLangClient(
+            client = HttpServerClient(
                 GenerateSettings(
                     server=str(server.make_url("")).rstrip("/"),
                     kafka=KafkaSettings(bootstrap="127.0.0.1:9"),

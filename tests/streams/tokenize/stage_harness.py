@@ -15,7 +15,7 @@ from streams.core.records import CompletionRecord, DeadLetter
 from streams.core.retry import Backoff
 from streams.core.settings import KafkaSettings
 from streams.tokenize.samples import DriftCause, Sample, SampleBuilder, SampleError
-from streams.tokenize.stage import TokenizeWorker
+from streams.tokenize.stage import TokenizeStage
 from tests.fakes import TP, FakeEvent, Message
 from tests.ids import as_list
 
@@ -82,7 +82,7 @@ class Stage:
         self.now = 0.0
         self.store = ShardStore(str(tmp_path), "v1")
         self.builder = FakeBuilder()
-        self.worker = TokenizeWorker(
+        self.worker = TokenizeStage(
             cast(Any, Settings(**settings)),
             cast(SampleBuilder, self.builder),
             self.store,

@@ -32,7 +32,7 @@ from streams.core.settings import (
     SamplingSettings,
 )
 from streams.core.tokenizers import LoadedTokenizer, load_tokenizer
-from streams.generate.client import SGLangClient
+from streams.generate.client import HttpServerClient
 from streams.tokenize.policies import PolicySampleBuilder
 from streams.tokenize.samples import Sample, SampleError
 from tests.ids import as_list
@@ -288,7 +288,7 @@ def generate(
         reuse = mock.patch("streams.generate.client.load_tokenizer", return_value=target.loaded)
         try:
             with reuse:
-                client = SGLangClient(
+                client = HttpServerClient(
                     GenerateSettings(
                         server=str(server.make_url("")).rstrip("/"),
                         kafka=KafkaSettings(bootstrap="127.0.0.1:9"),
