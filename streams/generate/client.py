@@ -1,6 +1,6 @@
-"""Talks to one SGLang server through the `openai` async client (one pooled client per worker):
-its health, the served model, how it returns ids, and the completions. What a failure means is
-failures.py's; which server it is, identity.py's.
+"""Talks to one SGLang or vLLM server through the `openai` async client (one pooled client per
+worker): its health, the served model, how it returns ids, and the completions. What a failure
+means is failures.py's; which server it is, identity.py's.
 """
 
 from __future__ import annotations
