@@ -93,6 +93,7 @@ def expected_line(record: CompletionRecord) -> dict[str, Any]:
         "source": record.source,
         "source_id": record.source_id,
         "finish_reason": record.finish_reason,
+        "provenance": record.provenance_fields(),
     }
 
 

@@ -90,7 +90,8 @@ def check_exports(pipeline: Any, table: Any, tmp_path: Path, monkeypatch: Any) -
     assert main(["export", *where, "--format", "specforge", "--to", str(jsonl),
                  "--max-seq-len", str(limit)]) == 0  # fmt: skip
     lines = [json.loads(line) for line in jsonl.read_text().splitlines()]
-    assert set(lines[0]) == {"prompt_id", "input_ids", "loss_mask"}
+    # SpecForge reads these three and ignores the rest (provenance, JSON text)
+    assert set(lines[0]) == {"prompt_id", "input_ids", "loss_mask", "provenance"}
     for line in lines:
         row = rows[line["prompt_id"]]
         assert line["input_ids"] == row["input_ids"][:limit]
