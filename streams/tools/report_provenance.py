@@ -15,7 +15,7 @@ import pyarrow as pa
 
 # groups the report lists, largest first; the rest are summed as one
 REPORT_PROVENANCES = 30
-# a shard written before the column existed
+# the group of rows written before the column existed (null provenance)
 UNRECORDED = "null"
 
 
@@ -39,10 +39,8 @@ class ProvenanceTotals:
         self.tokens: Counter[str] = Counter()
 
     def add(self, table: pa.Table) -> None:
-        if "provenance" not in table.column_names:
-            self.samples[UNRECORDED] += table.num_rows
-            self.tokens[UNRECORDED] += sum(table["num_tokens"].to_pylist())
-            return
+        """One shard's rows, as the reader gives them (sinks/shards.py `conform`: a shard
+        written before the column has it as nulls)."""
         grouped = table.group_by("provenance").aggregate([("num_tokens", "sum"), ([], "count_all")])
         for row in grouped.to_pylist():
             key = provenance_group(row["provenance"])
