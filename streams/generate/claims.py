@@ -19,7 +19,8 @@ The rules (the ledger's side is `Claim` and `LedgerState.take` in streams/core/l
 3. A claim is renewed (every third of `claim_s`, by the same rule) only while its request can
    run: the caller ends the request when the server's gate closes, releasing the claim at once,
    and a renewal that loses (the claim had lapsed and another worker took the prompt) or an
-   outcome read from elsewhere ends it too (`Ticket.lost`).
+   outcome read from elsewhere ends it too (`Ticket.lost`). Before each request a claim past
+   due for renewal (a stalled process) is renewed and read back first (`Ticket.current`).
 4. A release carries the outcome, written to the ledger before it: a reader that sees the
    prompt free knows how it ended, whatever partition its outcome key landed on.
 
@@ -81,6 +82,10 @@ class Held(Protocol):
     @property
     def lost(self) -> asyncio.Event: ...
 
+    async def current(self) -> bool:
+        """Whether the request may be sent now (called before each request)."""
+        ...
+
     async def release(self, outcome: str | None = None) -> None:
         """The request ended: with its outcome (DONE, DEAD_LETTER; already recorded) or
         without (the prompt is free for any worker)."""
@@ -131,17 +136,40 @@ class Ticket:
         every = self.claims.claim_s / 3
         while True:
             await asyncio.sleep(every)
-            claim, echo = await self.claims.write(self.work)
-            while echo is Echo.LATE:  # a broker outage, a stall: again, now
-                claim, echo = await self.claims.write(self.work)
-            if echo is Echo.LOST:
-                log.warning(
-                    "the claim of %s lapsed and another worker took it: its request here ends",
-                    self.work.prompt_id,
-                )
-                self.lost.set()
+            if not await self._renewed():
                 return
-            self.until = claim.until
+
+    async def _renewed(self) -> bool:
+        """Write the claim again and read it back; false (and `lost` set) when another worker
+        took the prompt after the claim lapsed."""
+        claim, echo = await self.claims.write(self.work)
+        while echo is Echo.LATE:  # a broker outage, a stall: again, now
+            claim, echo = await self.claims.write(self.work)
+        if echo is Echo.LOST:
+            log.warning(
+                "the claim of %s lapsed and another worker took it: its request here ends",
+                self.work.prompt_id,
+            )
+            self.lost.set()
+            return False
+        self.until = max(self.until, claim.until)
+        return True
+
+    async def current(self) -> bool:
+        """Whether this worker may send the prompt's request now. A claim past due for its
+        renewal (the process stalled: SIGSTOP, a suspended VM) may have lapsed and been taken
+        by another worker whose claim is not read here yet: it is renewed and read back first,
+        so a stalled worker does not send a request that another server already runs."""
+        if self.lost.is_set():
+            return False
+        if self.until - self.claims.clock() > self.claims.claim_s / 3:
+            return True
+        if not await self._renewed():
+            return False
+        if self.claims.settled(self.work):  # finished elsewhere while the claim had lapsed
+            self.lost.set()
+            return False
+        return True
 
     async def _watch(self) -> None:
         ledger, key = self.claims.ledger, self.work.key

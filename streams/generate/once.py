@@ -258,7 +258,12 @@ class OnceStage:
 
     async def _request(self, ticket: Held, key: bytes, value: bytes) -> list[Output]:
         """The prompt's outputs, unless the gate closes or the claim is lost first."""
-        request = asyncio.ensure_future(self.stage.outputs(key, value))
+
+        async def still_held() -> None:
+            if not await ticket.current():
+                raise Interrupted
+
+        request = asyncio.ensure_future(self.stage.outputs(key, value, still_held))
         ends = [
             asyncio.ensure_future(ticket.lost.wait()),
             asyncio.ensure_future(self.gate.wait_closed()),

@@ -13,6 +13,7 @@ outcome (streams/generate/once.py).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -33,6 +34,9 @@ log = logging.getLogger(__name__)
 STAGE = "generate"
 
 Owned = Callable[[], bool]
+# awaited before each request to the server; raises to end the prompt's requests there (its
+# claim is no longer held: streams/generate/once.py)
+BeforeRequest = Callable[[], Awaitable[None]]
 
 
 class GenerateStage:
@@ -96,17 +100,22 @@ class GenerateStage:
                     self.dead_letter("internal_error", message, raw, prompt_id)
                 )
 
-    async def outputs(self, key: bytes | None, value: bytes) -> list[Output]:
+    async def outputs(
+        self, key: bytes | None, value: bytes, before: BeforeRequest | None = None
+    ) -> list[Output]:
         """Every output of one prompt, for the caller to deliver: one, or one per turn."""
-        outputs = await self._outputs(key, value)
+        outputs = await self._outputs(key, value, before)
         return [self._fitting(output, value) for output in outputs]
 
-    async def _outputs(self, key: bytes | None, value: bytes) -> list[Output]:
+    async def _outputs(
+        self, key: bytes | None, value: bytes, before: BeforeRequest | None
+    ) -> list[Output]:
         planned = regen.conversation_to_regenerate(value)
         if planned is None:
-            return [await self.process(key, value)]
+            return [await self.process(key, value, before)]
         outputs: list[Output] = []
-        for outcome in await regen.regenerate_turns(*planned, self._generate):
+        generate = functools.partial(self._generate, before=before)
+        for outcome in await regen.regenerate_turns(*planned, generate):
             if isinstance(outcome, regen.TurnFailure):
                 payload, pid = outcome.payload.encode(), outcome.prompt_id
                 outputs.append(self.dead_letter(outcome.kind, outcome.message, payload, pid))
@@ -115,7 +124,9 @@ class GenerateStage:
             outputs.append(Completion(outcome.prompt_id.encode(), outcome.encode()))
         return outputs
 
-    async def process(self, key: bytes | None, value: bytes) -> Output:
+    async def process(
+        self, key: bytes | None, value: bytes, before: BeforeRequest | None = None
+    ) -> Output:
         """One prompt's completion, or its dead letter."""
         try:
             prompt = PromptRecord.decode(value)
@@ -124,7 +135,7 @@ class GenerateStage:
         except RecordError as err:
             return self.dead_letter(err.kind, err.message, value, _prompt_id(key))
         try:
-            completion = await self._generate(prompt)
+            completion = await self._generate(prompt, before)
         except GenerationError as err:
             return self.dead_letter(err.kind, err.message, value, prompt.prompt_id)
         self._completed(completion)
@@ -134,10 +145,14 @@ class GenerateStage:
         self.stats.completed += 1
         self.stats.output_tokens += int(completion.usage.get("completion_tokens") or 0)
 
-    async def _generate(self, prompt: PromptRecord) -> CompletionRecord:
+    async def _generate(
+        self, prompt: PromptRecord, before: BeforeRequest | None = None
+    ) -> CompletionRecord:
         attempts = 0
         while True:
             await self.gate.wait_open()
+            if before is not None:
+                await before()
             try:
                 return await self.client.complete(prompt)
             except GenerationError as err:
@@ -204,4 +219,4 @@ def _prompt_id(key: bytes | None) -> str | None:
     return key.decode("utf-8", "replace") if key else None
 
 
-__all__ = ["STAGE", "GenerateStage", "Owned"]
+__all__ = ["STAGE", "BeforeRequest", "GenerateStage", "Owned"]

@@ -10,9 +10,9 @@ from unittest import mock
 
 import orjson
 
-from streams.core.ledger import REGENERATE, Claim
+from streams.core.ledger import DONE, REGENERATE, Claim, claim_key
 from streams.core.retry import Backoff
-from streams.generate.claims import Echo, LedgerClaims, Work
+from streams.generate.claims import Echo, LedgerClaims, Ticket, Work
 from streams.generate.client import DOWN
 from streams.generate.gate import ServerGate
 from streams.generate.stats import GenerateStats
@@ -133,6 +133,57 @@ def test_a_claim_read_back_after_it_lapsed_holds_nothing() -> None:
         assert won is Echo.LATE and claim.until < clock[0]
         assert ledger.holder(work.key) == claim  # it did win the ledger's order: too late
         assert await claims.take(work) is not None  # written in time, it holds
+        await worker.stop()
+
+    run(scenario)
+
+
+def test_a_worker_stalled_between_its_claim_and_its_request_sends_no_request() -> None:
+    """SIGSTOP after a claim is won and before its request is sent, past the claim's expiry
+    (CI saw it: a stopped worker sent its request on SIGCONT, beside the request of the worker
+    that took the lapsed claim). The claim is confirmed before the request: renewed and read
+    back, it loses to the other worker's claim, unread here until then, and nothing is sent."""
+
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        worker, ledger = await once_worker(client, kafka)
+        assert worker.once is not None
+        claims = worker.once.claims
+        assert isinstance(claims, LedgerClaims)
+        clock = [1_000.0]
+        claims.clock = lambda: clock[0]
+        work = worker.once.work_of(b"p", prompt("p"))
+        take, send = claims.take, claims.send
+        unread: list[tuple[bytes, bytes]] = []  # the other worker's claim, not read here yet
+        stalls: list[Ticket | None] = []
+
+        async def stalled_take(work: Work) -> Ticket | None:
+            ticket = await take(work)
+            stalls.append(ticket)
+            clock[0] += claims.claim_s + 1  # stopped past the claim, which another worker took
+            other = Claim("other", clock[0] + claims.claim_s, at=clock[0])
+            unread.append((claim_key(work.key).encode(), other.encode()))
+            return ticket
+
+        async def after_the_unread(work: Work, claim: Claim) -> None:
+            while unread:  # written before anything this worker writes now
+                ledger.take(*unread.pop())
+            await send(work, claim)
+
+        with (
+            mock.patch.object(claims, "take", stalled_take),
+            mock.patch.object(claims, "send", after_the_unread),
+        ):
+            await worker.submit(kafka.event(0, "p"))
+            await until(lambda: stalls and not unread, "the stalled claim renewed")
+            await until(lambda: claims.holding() == 0, "the claim given up")
+        holder = ledger.holder(work.key)
+        assert holder is not None and holder.worker == "other"
+        assert client.requests == []  # not sent: the other worker's server runs it
+        done = Claim("other", clock[0], released=True, at=clock[0], outcome=DONE)
+        ledger.take(claim_key(work.key).encode(), done.encode())
+        await until(lambda: kafka.acked() == [0], "acked once the other worker's outcome is read")
+        assert client.requests == [] and worker.stats.skipped == 1
         await worker.stop()
 
     run(scenario)
