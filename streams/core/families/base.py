@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 Message = dict[str, Any]  # as streams.core.records.Message (OpenAI chat format)
 
@@ -39,16 +39,22 @@ class FormatError(ValueError):
         self.message = message
 
 
-class TurnFormat(Protocol):
+class TurnFormat:
     """A family's own text: the generated turn (tokenize), its tool calls (the emulator writes
-    them, SGLang's parser reads them back), the think tags as the model writes them."""
+    them, SGLang's parser reads them back), the think tags as the model writes them.
+
+    The defaults are a family without a format of its own (`PlainFormat`): the chat template
+    renders the turn, no tool calls, the profile's bare think tags. A family overrides what its
+    model writes differently."""
 
     @property
     def tool_start(self) -> str | None:
         """The text that starts a tool-call section (ends reasoning); None: no tool calls."""
+        return None
 
     def prepare(self, message: Message) -> Message:
         """The generated message as `turn` wants it (e.g. arguments decoded)."""
+        return message
 
     def turn(
         self,
@@ -61,51 +67,26 @@ class TurnFormat(Protocol):
     ) -> str | None:
         """The generated turn's text, exactly the supervised text; None: the family has no
         format of its own and the chat template renders the turn."""
+        return None
 
     def parse_calls(
         self, text: str, tools: list[dict[str, Any]], history_calls: int
     ) -> tuple[str, list[ToolCall]]:
         """(normal text, calls) as the family's SGLang detector returns them."""
-
-    def write_calls(self, calls: list[tuple[str, dict[str, Any]]], first_index: int) -> str:
-        """The text the model writes for these (name, arguments) calls."""
-
-    def think_texts(self, profile: FamilyProfile) -> tuple[str, str]:
-        """(open, close): the think tags with the whitespace the model writes around them."""
-
-
-@dataclass(frozen=True)
-class PlainFormat:
-    """No format of its own: the template renders the turn, no tool calls, bare think tags."""
-
-    @property
-    def tool_start(self) -> str | None:
-        return None
-
-    def prepare(self, message: Message) -> Message:
-        return message
-
-    def turn(
-        self,
-        profile: FamilyProfile,
-        generated: Message,
-        *,
-        finished: bool,
-        calls_before: int,
-        thinking: bool,
-    ) -> str | None:
-        return None
-
-    def parse_calls(
-        self, text: str, tools: list[dict[str, Any]], history_calls: int
-    ) -> tuple[str, list[ToolCall]]:
         return text, []
 
     def write_calls(self, calls: list[tuple[str, dict[str, Any]]], first_index: int) -> str:
+        """The text the model writes for these (name, arguments) calls."""
         raise ValueError("this family has no tool-call format")
 
     def think_texts(self, profile: FamilyProfile) -> tuple[str, str]:
+        """(open, close): the think tags with the whitespace the model writes around them."""
         return profile.think_open, profile.think_close
+
+
+@dataclass(frozen=True)
+class PlainFormat(TurnFormat):
+    """No format of its own: the template renders the turn, no tool calls, bare think tags."""
 
 
 @dataclass(frozen=True)

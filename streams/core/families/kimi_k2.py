@@ -17,6 +17,7 @@ from streams.core.families.base import (
     FamilyProfile,
     Message,
     ToolCall,
+    TurnFormat,
     function_of,
     in_reasoning,
     turn_parts,
@@ -33,13 +34,12 @@ _CALL = re.compile(
 
 
 @dataclass(frozen=True)
-class KimiFormat:
+class KimiFormat(TurnFormat):
+    """The think tags bare (the defaults), its own tool-call section."""
+
     @property
     def tool_start(self) -> str | None:
         return SECTION_BEGIN
-
-    def prepare(self, message: Message) -> Message:
-        return message
 
     def turn(
         self,
@@ -100,9 +100,6 @@ class KimiFormat:
             for i, (name, args) in enumerate(calls)
         ]
         return SECTION_BEGIN + "".join(parts) + SECTION_END
-
-    def think_texts(self, profile: FamilyProfile) -> tuple[str, str]:
-        return profile.think_open, profile.think_close  # no whitespace around the tags
 
 
 def _call_id(call: Mapping[str, Any], function: Mapping[str, Any], index: int) -> str:

@@ -19,6 +19,7 @@ from streams.core.families.base import (
     FormatError,
     Message,
     ToolCall,
+    TurnFormat,
     function_of,
     in_reasoning,
     turn_parts,
@@ -38,7 +39,7 @@ _INT_TYPES = ("int", "uint", "long", "short", "unsigned")
 
 
 @dataclass(frozen=True)
-class QwenFormat:
+class QwenFormat(TurnFormat):
     @property
     def tool_start(self) -> str | None:
         return TOOL_CALL

@@ -27,7 +27,7 @@ from streams.core.families import (
     family_for_model,
     registered,
 )
-from streams.core.families.base import Message, function_of, turn_parts
+from streams.core.families.base import Message, TurnFormat, function_of, turn_parts
 from streams.core.parsers import parse, split_reasoning, tool_start_token
 from streams.core.records import CompletionRecord
 from streams.core.settings import TokenizeSettings
@@ -46,15 +46,13 @@ TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"typ
 
 
 @dataclass(frozen=True)
-class ToyFormat:
-    """`<think>{reasoning}</think>{content}<call>{json}</call>…<|/toy|>`."""
+class ToyFormat(TurnFormat):
+    """`<think>{reasoning}</think>{content}<call>{json}</call>…<|/toy|>` (the defaults: the
+    generated message as it is, bare think tags)."""
 
     @property
     def tool_start(self) -> str | None:
         return "<call>"
-
-    def prepare(self, message: Message) -> Message:
-        return message
 
     def turn(
         self,
@@ -89,9 +87,6 @@ class ToyFormat:
         return "".join(
             f"<call>{json.dumps({'name': name, 'arguments': args})}</call>" for name, args in calls
         )
-
-    def think_texts(self, profile: FamilyProfile) -> tuple[str, str]:
-        return profile.think_open, profile.think_close
 
 
 TOY = FamilyProfile(
