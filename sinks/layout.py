@@ -1,7 +1,7 @@
 """Where a dataset version's files live. A shard's key is its partition, start offset and the
-writer's consumer-group generation: a window rewritten after a crash by the same generation
-replaces the same object (the Kafka S3 sink's recipe); a new owner's rewrite sits beside a
-zombie's, and the newer generation wins (sinks/resolve.py)."""
+writer's group epoch (sinks/marker.py; `g` in the name): a window rewritten after a crash by
+the same epoch replaces the same object (the Kafka S3 sink's recipe); a new owner's rewrite
+sits beside a zombie's, and the newer epoch wins (sinks/resolve.py)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from dataclasses import dataclass
 _SHARD_NAME = re.compile(r"part-(\d{4})-(\d{12})-g(\d{8})(?:-[0-9a-f]+)?\.(arrow|json)$")
 
 
-def shard_stem(partition: int, start_offset: int, generation: int = 0) -> str:
-    if partition < 0 or start_offset < 0 or generation < 0:
-        raise ValueError("partition, offset and generation must be non-negative")
-    return f"part-{partition:04d}-{start_offset:012d}-g{generation:08d}"
+def shard_stem(partition: int, start_offset: int, epoch: int = 0) -> str:
+    if partition < 0 or start_offset < 0 or epoch < 0:
+        raise ValueError("partition, offset and epoch must be non-negative")
+    return f"part-{partition:04d}-{start_offset:012d}-g{epoch:08d}"
 
 
 def parse_shard_name(name: str) -> tuple[int, int, int]:
-    """(partition, start_offset, generation) from a shard or marker file name."""
+    """(partition, start_offset, epoch) from a shard or marker file name."""
     match = _SHARD_NAME.search(name)
     if not match:
         raise ValueError(f"not a shard name: {name!r}")
@@ -60,15 +60,15 @@ class DatasetLayout:
     def committed_dir(self) -> str:
         return f"{self.base}/_committed"
 
-    def shard(self, partition: int, start_offset: int, generation: int = 0) -> str:
-        return f"{self.data_dir}/{shard_stem(partition, start_offset, generation)}.arrow"
+    def shard(self, partition: int, start_offset: int, epoch: int = 0) -> str:
+        return f"{self.data_dir}/{shard_stem(partition, start_offset, epoch)}.arrow"
 
-    def shared_shard(self, partition: int, start_offset: int, generation: int, token: str) -> str:
+    def shared_shard(self, partition: int, start_offset: int, epoch: int, token: str) -> str:
         """A shard holding several windows (one flush's), named after its first window and a
         token of its own: a rewrite of that window after a crash must not replace the file
         that other windows' markers point at."""
-        stem = shard_stem(partition, start_offset, generation)
+        stem = shard_stem(partition, start_offset, epoch)
         return f"{self.data_dir}/{stem}-{token}.arrow"
 
-    def marker(self, partition: int, start_offset: int, generation: int = 0) -> str:
-        return f"{self.committed_dir}/{shard_stem(partition, start_offset, generation)}.json"
+    def marker(self, partition: int, start_offset: int, epoch: int = 0) -> str:
+        return f"{self.committed_dir}/{shard_stem(partition, start_offset, epoch)}.json"

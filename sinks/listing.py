@@ -22,7 +22,7 @@ class ShardRef:
     rows: int
     sha256: str = ""
     exclude: frozenset[int] = frozenset()
-    generation: int = 0
+    epoch: int = 0
     # the window's last completions offset (inclusive): where its rows' completions are
     end_offset: int = -1
     # where the window's rows start in the file (a shard shared by the windows of one flush),
@@ -37,7 +37,7 @@ class ShardRef:
 
     @property
     def marker_key(self) -> tuple[int, int, int]:
-        return (self.partition, self.start_offset, self.generation)
+        return (self.partition, self.start_offset, self.epoch)
 
     @property
     def kept(self) -> int:
@@ -53,11 +53,7 @@ def sealed_shards(store: ShardStore, manifest: SealedManifest) -> list[ShardRef]
             rows=entry.rows,
             sha256=entry.sha256,
             exclude=frozenset(entry.exclude),
-            generation=(
-                entry.generation
-                if entry.generation is not None
-                else parse_shard_name(entry.path)[2]
-            ),
+            epoch=(entry.epoch if entry.epoch is not None else parse_shard_name(entry.path)[2]),
             end_offset=entry.end_offset,
             row_start=entry.row_start,
             file_rows=entry.file_rows,
@@ -103,7 +99,7 @@ def resolved_shards(store: ShardStore, resolution: Resolution) -> list[ShardRef]
             rows=m.rows,
             sha256=m.sha256,
             exclude=frozenset(resolution.exclude.get(m.key, ())),
-            generation=m.generation,
+            epoch=m.epoch,
             end_offset=m.end_offset,
             row_start=m.row_start,
             file_rows=m.file_rows,

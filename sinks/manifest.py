@@ -13,6 +13,8 @@ from typing import Any
 
 import orjson
 
+from sinks.marker import epoch_read, epoch_stored
+
 MANIFEST_VERSION = 1
 
 
@@ -26,9 +28,10 @@ class ShardEntry:
     sha256: str
     exclude: list[int] = field(default_factory=list)  # row indices not in the version
     # the window's rows in a shard shared by a flush's windows (ShardMarker.row_start), and the
-    # writer's generation (None in older manifests: the path names it)
+    # writer's group epoch (sinks/marker.py, EPOCH_KEY; None in older manifests: the path
+    # names it)
     row_start: int = 0
-    generation: int | None = None
+    epoch: int | None = None
     file_rows: int = 0  # rows in the file, all windows' (0 in older manifests: `rows`)
 
     @property
@@ -54,12 +57,14 @@ class SealedManifest:
     v: int = MANIFEST_VERSION
 
     def encode(self) -> bytes:
-        return orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2)
+        value = asdict(self)
+        value["shards"] = [epoch_stored(entry) for entry in value["shards"]]
+        return orjson.dumps(value, option=orjson.OPT_INDENT_2)
 
     @classmethod
     def decode(cls, raw: bytes) -> SealedManifest:
         data: dict[str, Any] = orjson.loads(raw)
         if data.get("v") != MANIFEST_VERSION:
             raise ValueError(f"unknown sealed manifest version {data.get('v')!r}")
-        shards = [ShardEntry(**entry) for entry in data.pop("shards")]
+        shards = [ShardEntry(**epoch_read(entry)) for entry in data.pop("shards")]
         return cls(shards=shards, **data)

@@ -5,11 +5,28 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import orjson
 
 # the most frequent drift causes a marker keeps: enough to name a template bug, bounded in size
 MAX_DRIFT_CAUSES = 20
+
+# The group epoch of a window: the consumer group's generation id (Kafka's word) in which its
+# writer was assigned the partition, the fencing token of what it writes. Markers and manifests
+# store it under the key it had before it was named apart from an LLM's generation, so readers
+# and writers of either version agree.
+EPOCH_KEY = "generation"
+
+
+def epoch_stored(value: dict[str, Any]) -> dict[str, Any]:
+    """A marker's or manifest entry's fields as stored: `epoch` under EPOCH_KEY."""
+    return {EPOCH_KEY if k == "epoch" else k: v for k, v in value.items()}
+
+
+def epoch_read(stored: dict[str, Any]) -> dict[str, Any]:
+    """The stored fields as the dataclass names them."""
+    return {"epoch" if k == EPOCH_KEY else k: v for k, v in stored.items()}
 
 
 @dataclass(frozen=True)
@@ -30,9 +47,9 @@ class ShardMarker:
     compared: int = 0
     drifted: int = 0
     truncated: int = 0
-    # the writer's consumer-group generation: a newer writer's window supersedes an overlapping
-    # older one (sinks/resolve.py)
-    generation: int = 0
+    # the writer's group epoch: a newer writer's window supersedes an overlapping older one
+    # (sinks/resolve.py). Stored under EPOCH_KEY.
+    epoch: int = 0
     # the window's prompt ids that ended as a recorded drop, with the reason kind (policy_* or
     # an error): with the rows, each prompt id of the window has exactly one outcome here
     drops: dict[str, str] = field(default_factory=dict)
@@ -67,13 +84,13 @@ class ShardMarker:
 
     @property
     def key(self) -> tuple[int, int, int]:
-        return (self.partition, self.start_offset, self.generation)
+        return (self.partition, self.start_offset, self.epoch)
 
     def encode(self) -> bytes:
-        return orjson.dumps(self.__dict__)
+        return orjson.dumps(epoch_stored(self.__dict__))
 
     @classmethod
     def decode(cls, raw: bytes) -> ShardMarker:
         # Fields a newer writer added are ignored, so a reader may be older than the writer.
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in orjson.loads(raw).items() if k in known})
+        return cls(**{k: v for k, v in epoch_read(orjson.loads(raw)).items() if k in known})

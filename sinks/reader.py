@@ -6,7 +6,7 @@ Which rows make the version:
 - sealed (`sealed.json`, sinks/manifest.py): exactly the manifest's shards, less its excluded
   rows; nothing else is listed.
 - not sealed: the shards with a commit marker that count now (sinks/resolve.py: fenced by the
-  writer's generation, rows replaced by a later answer left out). A
+  writer's epoch, rows replaced by a later answer left out). A
   stream asked to `follow` lists the markers again every `poll_s` seconds and reads the shards
   committed since, until the version is sealed (then it reads what the manifest adds and stops),
   `idle_timeout_s` passes without a new shard, or `stop` says so.

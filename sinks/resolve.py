@@ -3,9 +3,9 @@
 Two rules, applied by every reader (the live view, `status`, `seal`):
 
 1. Fencing. A window is superseded when it overlaps (same partition, intersecting offset
-   range) a window of a newer writer: a higher consumer-group generation, or the same
-   generation written later (a restart with static membership keeps its generation). A revoked
-   worker that was still writing (a zombie) can only have an older generation than the
+   range) a window of a newer writer: a higher group epoch, or the same
+   epoch written later (a restart with static membership keeps its epoch). A revoked
+   worker that was still writing (a zombie) can only have an older epoch than the
    partition's new owner, and the new owner rewrites everything from the committed offset, so
    the windows that count never overlap and cover each committed offset once.
 2. Latest answer wins. Completions are keyed by prompt_id, so every completion of a prompt is
@@ -24,7 +24,7 @@ import numpy as np
 
 from sinks.marker import ShardMarker
 
-WindowKey = tuple[int, int, int]  # partition, start offset, generation
+WindowKey = tuple[int, int, int]  # partition, start offset, epoch
 
 
 @dataclass
@@ -51,7 +51,7 @@ Latest = dict[str, "tuple[WindowKey, int] | None"]
 
 
 def _newest_first(marker: ShardMarker) -> tuple[int, float]:
-    return (marker.generation, marker.written_at)
+    return (marker.epoch, marker.written_at)
 
 
 def _fence(markers: list[ShardMarker]) -> tuple[list[ShardMarker], list[ShardMarker]]:

@@ -141,7 +141,7 @@ class WindowRows:
     start_offset: int
     end_offset: int
     rows: Sequence[SampleRow]
-    generation: int = 0
+    epoch: int = 0
     drops: dict[str, str] = field(default_factory=dict)
     # the sample policy's verdicts (ShardMarker.gate, .gate_examples)
     gate: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -188,12 +188,12 @@ class ShardStore:
         end_offset: int,
         rows: Sequence[SampleRow],
         *,
-        generation: int = 0,
+        epoch: int = 0,
         drops: dict[str, str] | None = None,
     ) -> ShardMarker:
         """Write one window: its shard, then its marker. A window with no samples gets a marker
         only."""
-        window = WindowRows(partition, start_offset, end_offset, rows, generation, drops or {})
+        window = WindowRows(partition, start_offset, end_offset, rows, epoch, drops or {})
         return self.write_windows([window])[0]
 
     def write_windows(self, windows: Sequence[WindowRows]) -> list[ShardMarker]:
@@ -210,11 +210,11 @@ class ShardStore:
             sha = hashlib.sha256(data).hexdigest()
             first = filled[0]
             if len(filled) == 1:
-                path = self.layout.shard(first.partition, first.start_offset, first.generation)
+                path = self.layout.shard(first.partition, first.start_offset, first.epoch)
             else:
                 token = uuid.uuid4().hex[:12]
                 path = self.layout.shared_shard(
-                    first.partition, first.start_offset, first.generation, token
+                    first.partition, first.start_offset, first.epoch, token
                 )
                 name = path.rpartition("/")[2]
             self._put(path, data)
@@ -225,7 +225,7 @@ class ShardStore:
             marker = replace(marker, shard_rows=in_file if marker.shard else 0)
             row_start += len(window.rows)
             self._put(
-                self.layout.marker(window.partition, window.start_offset, window.generation),
+                self.layout.marker(window.partition, window.start_offset, window.epoch),
                 marker.encode(),
             )
             markers.append(marker)
@@ -249,7 +249,7 @@ class ShardStore:
             compared=sum(r.drift is not None for r in rows),
             drifted=sum(r.drift is True for r in rows),
             truncated=sum(r.truncated for r in rows),
-            generation=window.generation,
+            epoch=window.epoch,
             drops=dict(window.drops),
             row_tokens=table["num_tokens"].to_pylist(),
             row_loss_tokens=table["num_loss_tokens"].to_pylist(),
@@ -261,13 +261,13 @@ class ShardStore:
             gate_examples=window.gate_examples,
         )
 
-    def delete_window(self, partition: int, start_offset: int, generation: int = 0) -> None:
+    def delete_window(self, partition: int, start_offset: int, epoch: int = 0) -> None:
         """Marker first, so a reader never sees the shard unmarked-but-trusted. A shard the
         window shared with others of its flush stays (theirs may count); without a marker
         pointing at its rows, no reader reads them."""
         for path in (
-            self.layout.marker(partition, start_offset, generation),
-            self.layout.shard(partition, start_offset, generation),
+            self.layout.marker(partition, start_offset, epoch),
+            self.layout.shard(partition, start_offset, epoch),
         ):
             if self.fs.exists(path):
                 self.fs.rm_file(path)
@@ -347,7 +347,7 @@ class ShardStore:
                     sha256=marker.sha256,
                     exclude=list(excluded),
                     row_start=marker.row_start,
-                    generation=marker.generation,
+                    epoch=marker.epoch,
                     file_rows=marker.file_rows,
                 )
             )
@@ -368,7 +368,7 @@ class ShardStore:
     def shard_path(self, marker: ShardMarker) -> str:
         if marker.shard:
             return f"{self.layout.data_dir}/{marker.shard}"
-        return self.layout.shard(marker.partition, marker.start_offset, marker.generation)
+        return self.layout.shard(marker.partition, marker.start_offset, marker.epoch)
 
     def committed_shard_paths(self) -> list[str]:
         """The files that hold committed windows, each once."""

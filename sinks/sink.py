@@ -110,7 +110,7 @@ class _Window(Generic[T]):
     lease: Lease  # of the partition's assignment it was opened under
     partition: int
     start_offset: int
-    generation: int
+    epoch: int
     opened_at: float
     end_offset: int = -1
     events: list[Event] = field(default_factory=list)
@@ -141,7 +141,7 @@ class _Window(Generic[T]):
             self.start_offset,
             self.end_offset,
             prepared.rows,
-            self.generation,
+            self.epoch,
             prepared.drops,
             prepared.gate,
             prepared.gate_examples,
@@ -217,10 +217,10 @@ class ShardSink(Generic[T]):
       written and acked in offset order (faust may commit past an unacked offset once a later
       one is acked, faust#606; and a marker never lands before its predecessor's).
     - Keys and fencing. A window's key is (partition, start offset, the consumer-group
-      generation in which the partition was adopted). Window bounds depend on timing (idle and
+      epoch in which the partition was adopted). Window bounds depend on timing (idle and
       memory flushes), so a rewrite after a crash or a rebalance may end elsewhere than the
       first write; instead of relying on equal bounds, readers resolve (sinks/resolve.py): a
-      window overlapping one of a newer generation (or of the same generation, written later)
+      window overlapping one of a newer epoch (or of the same epoch, written later)
       does not count. The partition's new owner rewrites from the committed offset, so a
       zombie's late write, whatever its bounds, is always overlapped and ignored.
     - Leases (streams/core/leases.py). Each assignment of a partition is a lease, taken as its
@@ -229,19 +229,19 @@ class ShardSink(Generic[T]):
       guard in faust's consumer thread commits no further than its acked run.
     - Adoption. A partition is adopted on its first event after assignment, at its lease's
       start: the committed position (checked against the group's, not assumed). Markers at or
-      after it of an older or equal generation were never committed and are about to be
+      after it of an older or equal epoch were never committed and are about to be
       rewritten: they are removed (an optimisation; resolution would ignore them anyway).
       Nothing before it is read: dedup is by resolution, not here.
     - Latest answer wins. Within a window a later item of the same key replaces the earlier
       one; across windows the reader keeps the prompt's last outcome in offset order.
     - Crashes. Between shard and marker: a shard without a marker, which readers ignore.
       Between marker and acks: a marker at or after the committed offset, rewritten by the next
-      owner under its own generation. Dead letters sent in `prepare` may then be sent twice;
+      owner under its own epoch. Dead letters sent in `prepare` may then be sent twice;
       the recorded drop in the marker that counts is one.
     - Revoke. Open windows are dropped unacked; the new owner consumes them again. A window
       being written when its partition is revoked is never acked (its lease ended). An event
       delivered before its partition was revoked (the agent waited for the lock, or was
-      adopting) is dropped unacked: it must neither adopt the partition in the next generation
+      adopting) is dropped unacked: it must neither adopt the partition in the next epoch
       nor join a window of it.
     - Memory. Open windows and those being written hold at most `max_open_bytes` of records
       (plus the one being added): intake waits for writes when they would exceed it.
@@ -262,7 +262,7 @@ class ShardSink(Generic[T]):
         max_tokens: int,
         idle_flush_s: float,
         max_open_bytes: int = 256 * 1024 * 1024,
-        generation: Callable[[], int] = lambda: 0,
+        epoch: Callable[[], int] = lambda: 0,
         backoff: Backoff = STORAGE_BACKOFF,
         clock: Callable[[], float] = time.monotonic,
         on_sealed: Callable[[str], None] = _log_sealed,
@@ -276,12 +276,12 @@ class ShardSink(Generic[T]):
         self.max_tokens = max_tokens
         self.idle_flush_s = idle_flush_s
         self.max_open_bytes = max_open_bytes
-        self.generation = generation
+        self.epoch = epoch
         self._storage = SinkStorage(store, backoff, log)
         self.clock = clock
         self.stats = SinkStats()
         self._windows: dict[Hashable, _Window[T]] = {}
-        # per adopted partition: the generation it was adopted in (absent: not adopted)
+        # per adopted partition: the epoch it was adopted in (absent: not adopted)
         self._adopted: dict[Hashable, int] = {}
         # one per partition assignment: an event delivered before its partition's revocation is
         # stale, and an adoption the partition was revoked during does not hold
@@ -307,8 +307,8 @@ class ShardSink(Generic[T]):
                 return  # revoked since delivered (waiting or adopting): unacked, consumed again
             window = self._windows.get(tp)
             if window is None:
-                generation = self._adopted[tp]
-                window = _Window(lease, tp.partition, offset, generation, opened_at=self.clock())
+                epoch = self._adopted[tp]
+                window = _Window(lease, tp.partition, offset, epoch, opened_at=self.clock())
                 self._windows[tp] = window
             admitted = self.stage.admit(tp, event)
             if window.add(event, offset, admitted):
@@ -353,25 +353,25 @@ class ShardSink(Generic[T]):
 
     async def _adopt(self, tp: Any, lease: Lease) -> None:
         """First event of a partition since (re)assignment: the lease's start is the committed
-        position, `generation()` the group generation of this assignment."""
-        generation = self.generation()
+        position, `epoch()` the group epoch of this assignment."""
+        epoch = self.epoch()
         first_offset = lease.start
         assert first_offset is not None
         if (writing := self._flushes.last.get(tp)) is not None:
             # this worker's own write of the partition (before a revocation) lands first, so
             # that the markers read next include it
             await asyncio.wait([writing])
-        removed = await self._storage.remove_uncommitted(tp.partition, first_offset, generation)
+        removed = await self._storage.remove_uncommitted(tp.partition, first_offset, epoch)
         if not self.leases.holds(lease):
-            return  # revoked meanwhile: not ours in this generation
-        self._adopted[tp] = generation
+            return  # revoked meanwhile: not ours in this epoch
+        self._adopted[tp] = epoch
         self.stats.adopted += 1
         self.stats.removed += removed
         log.info(
-            "partition %s: adopted at offset %d in generation %d (%d uncommitted windows removed)",
+            "partition %s: adopted at offset %d in epoch %d (%d uncommitted windows removed)",
             tp.partition,
             first_offset,
-            generation,
+            epoch,
             removed,
         )
 
@@ -417,7 +417,7 @@ class ShardSink(Generic[T]):
                     "removing a window written after the seal",
                     window.partition,
                     window.start_offset,
-                    window.generation,
+                    window.epoch,
                 )
                 continue
             if not self.leases.holds(window.lease):

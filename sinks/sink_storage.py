@@ -24,24 +24,22 @@ class SinkStorage:
         """Blocking storage I/O in a thread, waiting out outages with backoff."""
         return await until_done(what, lambda: asyncio.to_thread(fn, *args), self.backoff, self.log)
 
-    async def remove_uncommitted(self, partition: int, first_offset: int, generation: int) -> int:
+    async def remove_uncommitted(self, partition: int, first_offset: int, epoch: int) -> int:
         """Remove the partition's windows at or after `first_offset` of an older or equal
-        generation (never committed, about to be rewritten); how many there were."""
+        epoch (never committed, about to be rewritten); how many there were."""
         markers = await self.io("reading markers", self.store.markers, partition)
-        stale = [
-            m for m in markers if m.start_offset >= first_offset and m.generation <= generation
-        ]
+        stale = [m for m in markers if m.start_offset >= first_offset and m.epoch <= epoch]
         for marker in stale:
             await self.remove(
                 "removing an uncommitted shard",
                 marker.partition,
                 marker.start_offset,
-                marker.generation,
+                marker.epoch,
             )
         return len(stale)
 
-    async def remove(self, what: str, partition: int, start_offset: int, generation: int) -> None:
-        await self.io(what, self.store.delete_window, partition, start_offset, generation)
+    async def remove(self, what: str, partition: int, start_offset: int, epoch: int) -> None:
+        await self.io(what, self.store.delete_window, partition, start_offset, epoch)
 
     async def write(self, windows: list[WindowRows]) -> list[ShardMarker]:
         """One shard for all the windows, then a marker per window (`ShardStore.write_windows`)."""

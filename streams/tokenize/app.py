@@ -100,7 +100,7 @@ def build_tokenize_app(
         kafka_sender(app),
         dead_letters_topic=kafka.topic(DEAD_LETTERS),
         # the fencing token of the shards this worker writes (sinks/sink.py)
-        generation=lambda: int(app.consumer_generation_id),
+        epoch=lambda: int(app.consumer_generation_id),
         guard=guard,
         on_sealed=stop_sealed,
         prompts=held_prompts(settings),

@@ -27,7 +27,7 @@ worker its own budget of C cores from its start (a group each, 25,000 of every 1
 benchmark and the seal are outside the groups. With caps, the default completions are enough
 for 4 capped workers to take over a minute, so that start and end do not dominate. The end is
 polled every 0.2 s (one admin client), the figures of each run are: CPU use of the budgets,
-throttled time, windows written and superseded (redone after a rebalance), generations, and
+throttled time, windows written and superseded (redone after a rebalance), epochs, and
 the spread of the workers' last commits. Without caps the workers share the 2 cores, and the
 ratios show this machine's limit, not scaling.
 
@@ -88,7 +88,7 @@ TOKENS_PER_COMPLETION = 1662
 WARMUP_PER_PARTITION = 2
 # warm-only runs: distinct completions made, the rest are copies under new prompt ids
 MAX_DISTINCT = 2000
-ADOPTED = re.compile(r"partition (\d+): adopted at offset (\d+) in generation (\d+)")
+ADOPTED = re.compile(r"partition (\d+): adopted at offset (\d+) in epoch (\d+)")
 
 
 async def _timed(
@@ -240,7 +240,7 @@ def run_warm(
         lag_after_producing=lag,
         windows=len(markers),
         superseded=len(superseded),
-        generations=sorted({m.generation for m in markers}),
+        epochs=sorted({m.epoch for m in markers}),
         readopted=sum(int(o) > 0 for log in logs for _, o, _ in ADOPTED.findall(log)),
         finished_s=_finished(logs, done),
         rows_per_window=sum(m.rows for m in markers) / max(len(markers), 1),
@@ -273,11 +273,11 @@ def _settled(store: ShardStore, offsets: dict[int, int]) -> tuple[int, int]:
 
 def _finished(logs: list[str], done: dict[int, float]) -> list[float]:
     """Per worker, when the last of its partitions (its latest adoptions) was caught up."""
-    owner: dict[int, tuple[int, int]] = {}  # partition → (generation, worker) of the latest
+    owner: dict[int, tuple[int, int]] = {}  # partition → (epoch, worker) of the latest
     for worker, log in enumerate(logs):
-        for partition, _, generation in ADOPTED.findall(log):
+        for partition, _, epoch in ADOPTED.findall(log):
             latest = owner.get(int(partition), (-1, -1))
-            owner[int(partition)] = max(latest, (int(generation), worker))
+            owner[int(partition)] = max(latest, (int(epoch), worker))
     last: dict[int, float] = {}
     for partition, at in done.items():
         if partition in owner:

@@ -102,7 +102,7 @@ class RunResult:
     last_completion_s: float
     last_marker_s: float
     windows: int
-    generations: int
+    epochs: int
     budget_used: float  # throttled periods / periods of the capped workers: 1.0 = always busy
     throttled_s: float
 
@@ -328,7 +328,7 @@ def run_one(
         last_completion_s=last_ms / 1000 - started,
         last_marker_s=max(m.written_at for m in markers) - started,
         windows=len(markers),
-        generations=len({m.generation for m in markers}),
+        epochs=len({m.epoch for m in markers}),
         budget_used=throttling.throttled / max(throttling.periods, 1),
         throttled_s=throttling.throttled_s,
     )
@@ -421,7 +421,7 @@ def table(results: list[RunResult], quota: float | None) -> str:
         "| tokenize workers | run s | samples | tokens | drained tokens/s | × 1 worker | efficiency"
         " | steady tokens/s"
         " | generated tokens/s | last completion s | last marker s | budget used | windows"
-        " | generations |",
+        " | epochs |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
@@ -432,7 +432,7 @@ def table(results: list[RunResult], quota: float | None) -> str:
             f" | {r.steady_tokens_per_s:,.0f}"
             f" | {r.generated_tokens_per_s:,.0f} | {r.last_completion_s:.1f}"
             f" | {r.last_marker_s:.1f} | {r.budget_used:.0%}"
-            f" | {r.windows} | {r.generations} |"
+            f" | {r.windows} | {r.epochs} |"
         )
     return "\n".join(rows)
 

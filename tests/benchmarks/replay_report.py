@@ -56,7 +56,7 @@ class WarmFigures:
     lag_after_producing: int  # completions not yet committed when the last was acked
     windows: int  # markers written
     superseded: int  # of those, overlapped by a newer writer's (redone)
-    generations: list[int] = field(default_factory=list)  # of the windows written
+    epochs: list[int] = field(default_factory=list)  # of the windows written
     readopted: int = 0  # partitions adopted again during the run (a rebalance)
     # seconds from the start to each worker's last partition being caught up
     finished_s: list[float] = field(default_factory=list)
@@ -84,8 +84,8 @@ def print_warm_run(r: Result) -> None:
         f"{x.budget_use(r.seconds):.0%}, idle {x.idle_cpu_per_s * 1000:.0f} ms/s a worker, "
         f"throttled {x.throttling.throttled}/{x.throttling.periods} periods "
         f"({x.throttling.throttled_s:.1f} s), windows {x.windows} "
-        f"({x.rows_per_window:.0f} rows each), superseded {x.superseded}, generations "
-        f"{x.generations}, re-adopted {x.readopted}, workers done at "
+        f"({x.rows_per_window:.0f} rows each), superseded {x.superseded}, epochs "
+        f"{x.epochs}, re-adopted {x.readopted}, workers done at "
         f"{' '.join(f'{t:.1f}' for t in x.finished_s)} s",
         flush=True,
     )

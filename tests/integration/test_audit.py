@@ -315,7 +315,7 @@ def test_audit_proves_the_dataset_version(
     # a window whose marker is gone: its completions are in no window of the version, sealed too
     worker.stop()
     marker = store.markers()[0]
-    store.fs.rm_file(store.layout.marker(marker.partition, marker.start_offset, marker.generation))
+    store.fs.rm_file(store.layout.marker(marker.partition, marker.start_offset, marker.epoch))
     assert main(["seal", *version, *flags]) == 0
     _, data = audit_json(pipeline.env, *flags, *version)
     checked = data["version"]

@@ -60,8 +60,8 @@ class Clock:
         return self.now
 
 
-class Generation:
-    """The consumer group's generation as the worker sees it; a test moves it."""
+class Epoch:
+    """The consumer group's epoch as the worker sees it; a test moves it."""
 
     def __init__(self, value: int):
         self.value = value
@@ -76,7 +76,7 @@ class Harness:
     stage: IdStage
     sink: ShardSink[str]
     clock: Clock
-    generation: Generation
+    epoch: Epoch
     log: list[tuple[Any, ...]] = field(default_factory=list)
 
     def event(self, partition: int, offset: int, value: str) -> FakeEvent:
@@ -98,11 +98,11 @@ class Harness:
     def acks(self) -> list[tuple[int, int]]:
         return [(entry[1], entry[2]) for entry in self.log if entry[0] == "ack"]
 
-    def marker_exists(self, partition: int, start_offset: int, generation: int = 0) -> bool:
-        return Path(self.store.layout.marker(partition, start_offset, generation)).exists()
+    def marker_exists(self, partition: int, start_offset: int, epoch: int = 0) -> bool:
+        return Path(self.store.layout.marker(partition, start_offset, epoch)).exists()
 
-    def shard_exists(self, partition: int, start_offset: int, generation: int = 0) -> bool:
-        return Path(self.store.layout.shard(partition, start_offset, generation)).exists()
+    def shard_exists(self, partition: int, start_offset: int, epoch: int = 0) -> bool:
+        return Path(self.store.layout.shard(partition, start_offset, epoch)).exists()
 
 
 def harness(
@@ -112,12 +112,12 @@ def harness(
     max_tokens: int = 1000,
     tokens: int = 1,
     max_open_bytes: int = 1 << 30,
-    generation: int = 0,
+    epoch: int = 0,
 ) -> Harness:
     log: list[tuple[Any, ...]] = []
     stage = IdStage(log, tokens=tokens)
     clock = Clock()
-    current = Generation(generation)
+    current = Epoch(epoch)
     sink = ShardSink(
         store,
         stage,
@@ -125,7 +125,7 @@ def harness(
         max_tokens=max_tokens,
         idle_flush_s=10.0,
         max_open_bytes=max_open_bytes,
-        generation=current,
+        epoch=current,
         backoff=NO_WAIT,
         clock=clock,
     )
@@ -133,7 +133,7 @@ def harness(
 
 
 def windows(markers: Sequence[ShardMarker]) -> list[tuple[int, int, int, int]]:
-    return [(m.partition, m.start_offset, m.end_offset, m.generation) for m in markers]
+    return [(m.partition, m.start_offset, m.end_offset, m.epoch) for m in markers]
 
 
 def rows(*ids: str) -> list[SampleRow]:

@@ -1,4 +1,4 @@
-"""Resolution of written windows (sinks/resolve.py): fencing by generation, latest answer wins.
+"""Resolution of written windows (sinks/resolve.py): fencing by epoch, latest answer wins.
 
 Pure: hand-made markers, no storage.
 """
@@ -20,7 +20,7 @@ from sinks.resolve import Resolution, resolve, resolve_partitions
 def marker(
     start: int,
     end: int,
-    generation: int = 0,
+    epoch: int = 0,
     written_at: float = 0.0,
     rows: Iterable[str] = (),
     drops: dict[str, str] | None = None,
@@ -37,13 +37,13 @@ def marker(
         sha256="",
         prompt_ids=ids,
         written_at=written_at,
-        generation=generation,
+        epoch=epoch,
         drops=dict(drops or {}),
     )
 
 
 def bounds(markers: Iterable[ShardMarker]) -> list[tuple[int, int, int, int]]:
-    return [(m.partition, m.start_offset, m.end_offset, m.generation) for m in markers]
+    return [(m.partition, m.start_offset, m.end_offset, m.epoch) for m in markers]
 
 
 def assert_no_overlap(resolution: Resolution) -> None:
@@ -58,7 +58,7 @@ def assert_no_overlap(resolution: Resolution) -> None:
 
 # -- fencing ---------------------------------------------------------------------------------
 
-# the new owner (generation 2) adopted partition 0 at offset 10 and wrote [10, 19], [20, 29]
+# the new owner (epoch 2) adopted partition 0 at offset 10 and wrote [10, 19], [20, 29]
 NEW_OWNER = [marker(10, 19, 2, written_at=5.0), marker(20, 29, 2, written_at=6.0)]
 
 
@@ -85,7 +85,7 @@ def test_a_zombie_window_of_an_older_generation_is_superseded_whatever_its_bound
 
 
 def test_with_equal_generations_the_window_written_later_wins() -> None:
-    # a restart with static membership keeps its generation and rewrites from the committed
+    # a restart with static membership keeps its epoch and rewrites from the committed
     # offset: its windows end elsewhere than the first write's
     first = marker(0, 9, 3, written_at=1.0)
     second = [marker(0, 4, 3, written_at=2.0), marker(5, 12, 3, written_at=3.0)]
@@ -121,16 +121,16 @@ def test_windows_of_older_generations_count_when_nothing_newer_overlaps_them() -
 
 def test_windows_that_count_never_overlap_and_cover_what_they_cover() -> None:
     markers = [
-        # generation 1 wrote [0, 29]; only [0, 9] was committed
+        # epoch 1 wrote [0, 29]; only [0, 9] was committed
         marker(0, 9, 1, written_at=1.0),
         marker(10, 19, 1, written_at=2.0),
         marker(20, 29, 1, written_at=3.0),
-        # generation 2 adopted at 10 and committed [10, 14]; [15, 24] was not committed
+        # epoch 2 adopted at 10 and committed [10, 14]; [15, 24] was not committed
         marker(10, 14, 2, written_at=4.0),
         marker(15, 24, 2, written_at=5.0),
-        # generation 3 adopted at 15 and wrote [15, 17]
+        # epoch 3 adopted at 15 and wrote [15, 17]
         marker(15, 17, 3, written_at=6.0),
-        # generation 2, a zombie now, wrote one more window after that
+        # epoch 2, a zombie now, wrote one more window after that
         marker(25, 40, 2, written_at=7.0),
     ]
     resolution = resolve(markers)
@@ -139,7 +139,7 @@ def test_windows_that_count_never_overlap_and_cover_what_they_cover() -> None:
         (0, 0, 9, 1),
         (0, 10, 14, 2),
         (0, 15, 17, 3),
-        (0, 25, 40, 2),  # not overlapped (yet): generation 3 has not written past 17
+        (0, 25, 40, 2),  # not overlapped (yet): epoch 3 has not written past 17
     ]
     assert sorted(bounds(resolution.superseded)) == [
         (0, 10, 19, 1),
@@ -195,7 +195,7 @@ def test_rows_and_drops_of_superseded_windows_are_no_outcome() -> None:
 
 @dataclass
 class Writer:
-    generation: int
+    epoch: int
     position: int  # the next offset it writes
     alive: bool = True
     acked: int = 0  # the end of its acked windows: where the next commit moves to
@@ -217,7 +217,7 @@ class Commit:
 
 @dataclass(frozen=True)
 class Rebalance:
-    """A new generation adopts at the committed offset; the old owner may live on as a zombie."""
+    """A new epoch adopts at the committed offset; the old owner may live on as a zombie."""
 
     zombie: bool
     remove: bool  # the adoption removes markers (the sink does; resolution must not need it)
@@ -225,7 +225,7 @@ class Rebalance:
 
 @dataclass(frozen=True)
 class Restart:
-    """A crash and a restart with static membership: the same generation."""
+    """A crash and a restart with static membership: the same epoch."""
 
     remove: bool
 
@@ -247,19 +247,19 @@ STEPS = st.lists(
 def test_windows_that_count_never_overlap_and_cover_every_committed_offset_once(
     steps: list[Write | Commit | Rebalance | Restart],
 ) -> None:
-    current = Writer(generation=1, position=0)
+    current = Writer(epoch=1, position=0)
     writers = [current]
     committed = 0  # the group's committed offset
     markers: dict[tuple[int, int, int], ShardMarker] = {}  # by key: a rewrite replaces
     committed_keys: set[tuple[int, int, int]] = set()
     clock = 0.0
 
-    def adopt(generation: int, remove: bool) -> Writer:
+    def adopt(epoch: int, remove: bool) -> Writer:
         if remove:
             for key, m in list(markers.items()):
-                if m.start_offset >= committed and m.generation <= generation:
+                if m.start_offset >= committed and m.epoch <= epoch:
                     del markers[key]
-        writer = Writer(generation, committed, acked=committed)
+        writer = Writer(epoch, committed, acked=committed)
         writers.append(writer)
         return writer
 
@@ -270,7 +270,7 @@ def test_windows_that_count_never_overlap_and_cover_every_committed_offset_once(
             writer = alive[step.which % len(alive)]
             drops = {pid: "policy_length" for pid in step.drops if pid not in step.rows}
             start, end = writer.position, writer.position + step.length - 1
-            m = marker(start, end, writer.generation, clock, step.rows, drops)
+            m = marker(start, end, writer.epoch, clock, step.rows, drops)
             markers[m.key] = m
             writer.position = end + 1
             if writer is current:
@@ -282,10 +282,10 @@ def test_windows_that_count_never_overlap_and_cover_every_committed_offset_once(
                 committed_keys.update(current.written)
         elif isinstance(step, Rebalance):
             current.alive = step.zombie
-            current = adopt(current.generation + 1, step.remove)
+            current = adopt(current.epoch + 1, step.remove)
         else:
             current.alive = False
-            current = adopt(current.generation, step.remove)
+            current = adopt(current.epoch, step.remove)
 
     resolution = resolve(markers.values())
     assert_no_overlap(resolution)
@@ -326,7 +326,7 @@ PARTITIONED = st.lists(
         st.integers(0, 2),  # partition
         st.integers(0, 20),  # start
         st.integers(0, 4),  # length - 1
-        st.integers(0, 2),  # generation
+        st.integers(0, 2),  # epoch
         st.lists(st.sampled_from("0123"), max_size=4, unique=True),  # rows
         st.lists(st.sampled_from("0123"), max_size=2, unique=True),  # drops
     ),
@@ -336,10 +336,10 @@ PARTITIONED = st.lists(
 
 def _partitioned(windows: list[tuple[int, int, int, int, list[str], list[str]]]) -> list:
     markers = {}
-    for at, (partition, start, length, generation, rows, drops) in enumerate(windows):
+    for at, (partition, start, length, epoch, rows, drops) in enumerate(windows):
         ids = [f"{partition}-{r}" for r in rows]
         dropped = {f"{partition}-{d}": "policy_length" for d in drops if d not in rows}
-        m = marker(start, start + length, generation, float(at), ids, dropped, partition)
+        m = marker(start, start + length, epoch, float(at), ids, dropped, partition)
         markers[m.key] = m
     by_partition: dict[int, list[ShardMarker]] = {}
     for m in markers.values():

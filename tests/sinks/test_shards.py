@@ -6,11 +6,13 @@ import dataclasses
 import hashlib
 from pathlib import Path
 
+import orjson
 import pyarrow as pa
 import pytest
 
 from sinks.layout import DatasetLayout, parse_shard_name, shard_stem
-from sinks.marker import MAX_DRIFT_CAUSES
+from sinks.manifest import SealedManifest, ShardEntry
+from sinks.marker import EPOCH_KEY, MAX_DRIFT_CAUSES
 from sinks.reader import DatasetReader
 from sinks.shards import (
     SHARD_SCHEMA,
@@ -59,18 +61,18 @@ def test_written_shard_is_committed_and_readable(tmp_path: Path) -> None:
 
 def test_rewrite_after_crash_replaces_the_same_object(tmp_path: Path) -> None:
     store = ShardStore(str(tmp_path), "v1")
-    store.write_shard(1, 0, 9, rows("a", "b"), generation=4)
-    store.write_shard(1, 0, 12, rows("a", "b", "c"), generation=4)  # same writer generation
+    store.write_shard(1, 0, 9, rows("a", "b"), epoch=4)
+    store.write_shard(1, 0, 12, rows("a", "b", "c"), epoch=4)  # same writer epoch
     assert len(store.markers()) == 1
     assert DatasetReader(store).table().num_rows == 3
 
 
 def test_a_newer_generation_s_rewrite_sits_beside_the_older_one_and_wins(tmp_path: Path) -> None:
     store = ShardStore(str(tmp_path), "v1")
-    zombie = store.write_shard(1, 0, 12, rows("a", "b", "c"), generation=4)
+    zombie = store.write_shard(1, 0, 12, rows("a", "b", "c"), epoch=4)
     owner = [
-        store.write_shard(1, 0, 5, rows("a"), generation=5),
-        store.write_shard(1, 6, 9, rows("b", "d"), generation=5),
+        store.write_shard(1, 0, 5, rows("a"), epoch=5),
+        store.write_shard(1, 6, 9, rows("b", "d"), epoch=5),
     ]
     assert len(store.markers()) == 3
     resolution = store.committed()
@@ -122,13 +124,13 @@ def test_marker_records_generation_drops_and_per_row_tokens(tmp_path: Path) -> N
     store = ShardStore(str(tmp_path), "v1")
     batch = rows("a", "b")
     batch[1].input_ids, batch[1].loss_mask = [1, 2], [0, 1]
-    marker = store.write_shard(3, 40, 44, batch, generation=7, drops={"c": "template_error"})
-    assert (marker.generation, marker.key) == (7, (3, 40, 7))
+    marker = store.write_shard(3, 40, 44, batch, epoch=7, drops={"c": "template_error"})
+    assert (marker.epoch, marker.key) == (7, (3, 40, 7))
     assert marker.drops == {"c": "template_error"}
     assert (marker.row_tokens, marker.row_loss_tokens) == ([4, 2], [2, 1])
     assert store.markers() == [marker]
     assert Path(store.shard_path(marker)).name == "part-0003-000000000040-g00000007.arrow"
-    store.delete_window(3, 40, 6)  # another generation's window: not this one
+    store.delete_window(3, 40, 6)  # another epoch's window: not this one
     assert store.markers() == [marker]
     store.delete_window(3, 40, 7)
     assert store.markers() == [] and not Path(store.shard_path(marker)).exists()
@@ -165,19 +167,36 @@ def test_markers_from_before_the_drift_report_still_decode() -> None:
     old += b'"sha256":"x","prompt_ids":["a","b"],"written_at":1.0}'
     marker = ShardMarker.decode(old)
     assert (marker.rows, marker.compared, marker.drifted, marker.truncated) == (2, 0, 0, 0)
-    assert (marker.generation, marker.drops, marker.row_tokens) == (0, {}, [])
+    assert (marker.epoch, marker.drops, marker.row_tokens) == (0, {}, [])
     assert marker.drift_causes == {}
     newer = old[:-1] + b',"some_future_field":7}'
     assert ShardMarker.decode(newer) == marker
+
+
+def test_the_epoch_is_stored_under_its_earlier_key_in_markers_and_manifests(
+    tmp_path: Path,
+) -> None:
+    """A window's group epoch is stored as "generation" (EPOCH_KEY), the key it had before it
+    was named apart from an LLM's generation: markers and manifests of either version read
+    alike."""
+    store = ShardStore(str(tmp_path), "v1")
+    marker = store.write_shard(2, 0, 1, rows("a", "b"), epoch=5)
+    stored = orjson.loads(marker.encode())
+    assert stored[EPOCH_KEY] == 5 and "epoch" not in stored
+    assert ShardMarker.decode(marker.encode()).epoch == 5
+    entry = ShardEntry("data/x.arrow", 2, 0, 1, 2, "x", epoch=5)
+    manifest = SealedManifest("v1", 1.0, [entry], samples=2, tokens=8)
+    assert orjson.loads(manifest.encode())["shards"][0][EPOCH_KEY] == 5
+    assert SealedManifest.decode(manifest.encode()).shards == [entry]
 
 
 def test_readers_skip_a_window_removed_between_listing_and_reading(tmp_path: Path) -> None:
     """A new owner removes the uncommitted windows of a partition it adopts: a reader that
     listed them a moment before reads what is still there instead of failing."""
     store = ShardStore(str(tmp_path), "v1")
-    store.write_shard(0, 0, 1, rows("a", "b"), generation=1)
-    store.write_shard(0, 2, 2, rows("c"), generation=1)
-    store.write_shard(1, 0, 0, rows("d"), generation=1)
+    store.write_shard(0, 0, 1, rows("a", "b"), epoch=1)
+    store.write_shard(0, 2, 2, rows("c"), epoch=1)
+    store.write_shard(1, 0, 0, rows("d"), epoch=1)
     listing = store.fs.glob(f"{store.layout.committed_dir}/part-*.json")
     assert len(listing) == 3
     removed = {"once": False}
@@ -199,7 +218,7 @@ def test_readers_skip_a_window_removed_between_listing_and_reading(tmp_path: Pat
 
 def test_read_present_raises_errors_other_than_a_missing_file(tmp_path: Path) -> None:
     store = ShardStore(str(tmp_path), "v1")
-    store.write_shard(0, 0, 0, rows("a"), generation=1)
+    store.write_shard(0, 0, 0, rows("a"), epoch=1)
     (marker,) = store.fs.glob(f"{store.layout.committed_dir}/part-*.json")
     assert set(read_present(store.fs, [marker, f"{marker}.gone"])) == {marker}
     with pytest.raises(IsADirectoryError):
@@ -239,9 +258,9 @@ def test_the_windows_of_one_flush_share_a_shard_and_each_reads_as_its_own(
     store = ShardStore(str(tmp_path), "v1")
     markers = store.write_windows(
         [
-            WindowRows(0, 10, 11, rows("a", "b"), generation=2),
-            WindowRows(1, 4, 4, [], generation=2, drops={"x": "policy_length"}),
-            WindowRows(5, 0, 2, rows("c", "d", "e"), generation=3),
+            WindowRows(0, 10, 11, rows("a", "b"), epoch=2),
+            WindowRows(1, 4, 4, [], epoch=2, drops={"x": "policy_length"}),
+            WindowRows(5, 0, 2, rows("c", "d", "e"), epoch=3),
         ]
     )
     files = list((tmp_path / "v1" / "data").iterdir())
@@ -259,14 +278,14 @@ def test_the_windows_of_one_flush_share_a_shard_and_each_reads_as_its_own(
     assert store.committed_shard_paths() == [str(files[0])]  # once
     assert DatasetReader(store).table()["prompt_id"].to_pylist() == ["a", "b", "c", "d", "e"]
 
-    # sealed: the manifest keeps each window's place and generation
+    # sealed: the manifest keeps each window's place and epoch
     manifest = store.seal({0: 12, 1: 5, 5: 3})
-    assert [(e.partition, e.row_start, e.generation) for e in manifest.shards] == [
+    assert [(e.partition, e.row_start, e.epoch) for e in manifest.shards] == [
         (0, 0, 2),
         (5, 2, 3),
     ]
     sealed = DatasetReader(store)
-    assert [ref.generation for ref in sealed.shards()] == [2, 3]
+    assert [ref.epoch for ref in sealed.shards()] == [2, 3]
     assert sealed.table()["prompt_id"].to_pylist() == ["a", "b", "c", "d", "e"]
 
 
@@ -274,7 +293,7 @@ def test_a_window_of_a_shared_shard_rewritten_or_removed_leaves_the_others_whole
     tmp_path: Path,
 ) -> None:
     """A crash after the first markers of a flush: the unmarked window is rewritten by the
-    same generation. Its rewrite must not replace the file the marked windows point at."""
+    same epoch. Its rewrite must not replace the file the marked windows point at."""
     store = ShardStore(str(tmp_path), "v1")
     first, second = store.write_windows(
         [WindowRows(0, 0, 1, rows("a", "b")), WindowRows(1, 0, 0, rows("c"))]

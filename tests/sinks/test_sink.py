@@ -145,12 +145,12 @@ def test_the_stage_s_drops_are_recorded_in_the_marker(tmp_path: Path) -> None:
 
 def test_adoption_removes_uncommitted_windows_of_older_generations_only(tmp_path: Path) -> None:
     store = ShardStore(str(tmp_path), "v1")
-    store.write_shard(0, 0, 9, rows("a", "b"), generation=1)  # committed: before offset 10
-    store.write_shard(0, 10, 14, rows("x"), generation=1)  # written, never committed
-    store.write_shard(0, 15, 19, rows("y"), generation=2)  # ours, before a restart
-    store.write_shard(0, 20, 25, rows("z"), generation=3)  # a newer writer's: not ours
-    store.write_shard(1, 10, 30, rows("p"), generation=1)  # another partition: not adopted
-    h = harness(store, max_records=3, generation=2)
+    store.write_shard(0, 0, 9, rows("a", "b"), epoch=1)  # committed: before offset 10
+    store.write_shard(0, 10, 14, rows("x"), epoch=1)  # written, never committed
+    store.write_shard(0, 15, 19, rows("y"), epoch=2)  # ours, before a restart
+    store.write_shard(0, 20, 25, rows("z"), epoch=3)  # a newer writer's: not ours
+    store.write_shard(1, 10, 30, rows("p"), epoch=1)  # another partition: not adopted
+    h = harness(store, max_records=3, epoch=2)
 
     async def run() -> None:
         await h.add(0, 10, "a=again")  # adopted on its first event, at the committed offset
@@ -184,10 +184,10 @@ def test_adoption_removes_uncommitted_windows_of_older_generations_only(tmp_path
 
 
 def test_a_zombie_s_write_after_the_new_owner_s_adoption_is_superseded(tmp_path: Path) -> None:
-    # two workers on one dataset version; partition 0 moved from the zombie (generation 1) to
-    # the new owner (generation 2), and the zombie has not noticed yet
-    zombie = harness(ShardStore(str(tmp_path), "v1"), max_records=100, generation=1)
-    owner = harness(ShardStore(str(tmp_path), "v1"), max_records=3, generation=2)
+    # two workers on one dataset version; partition 0 moved from the zombie (epoch 1) to
+    # the new owner (epoch 2), and the zombie has not noticed yet
+    zombie = harness(ShardStore(str(tmp_path), "v1"), max_records=100, epoch=1)
+    owner = harness(ShardStore(str(tmp_path), "v1"), max_records=3, epoch=2)
 
     async def run() -> None:
         for offset, pid in enumerate("abcd"):

@@ -187,17 +187,17 @@ def test_a_window_revoked_and_readopted_in_a_new_generation_while_written_is_not
     tmp_path: Path,
 ) -> None:
     store = SlowStore(str(tmp_path), "v1", block="write")
-    h = harness(store, max_records=2, generation=1)
+    h = harness(store, max_records=2, epoch=1)
 
     async def run() -> tuple[list[FakeEvent], list[FakeEvent]]:
         first = [await h.add(0, 0, "a=first")]
         first.append(h.event(0, 1, "b=first"))
         flushing = asyncio.create_task(h.sink.add(first[1]))
         await asyncio.to_thread(store.entered.wait, 30)
-        # a rebalance while the window is written: partition 0 comes back in generation 2,
+        # a rebalance while the window is written: partition 0 comes back in epoch 2,
         # from the committed offset 0
         h.sink.on_revoked([TP("completions", 0)])
-        h.generation.value = 2
+        h.epoch.value = 2
         again = [h.event(0, 0, "a=again"), h.event(0, 1, "b=again")]
         readopting = asyncio.create_task(h.sink.add(again[0]))
         store.release.set()
@@ -210,7 +210,7 @@ def test_a_window_revoked_and_readopted_in_a_new_generation_while_written_is_not
     assert [event.acked for event in first] == [0, 0]
     assert [event.acked for event in again] == [1, 1]
     assert [entry for entry in h.log if entry[0] == "committed"] == [("committed", 0, 0, 1)]
-    assert windows(h.store.markers()) == [(0, 0, 1, 2)]  # generation 1's removed at adoption
+    assert windows(h.store.markers()) == [(0, 0, 1, 2)]  # epoch 1's removed at adoption
     assert (h.sink.stats.adopted, h.sink.stats.removed) == (2, 1)
     assert DatasetReader(h.store).table()["source"].to_pylist() == ["again", "again"]
 
@@ -220,9 +220,9 @@ def test_an_event_delivered_before_its_partition_was_revoked_is_dropped(
     tmp_path: Path, rejoined: bool
 ) -> None:
     # partition 1's flush holds the sink while an event of partition 0 waits for it; both are
-    # revoked meanwhile (and the group may already have its next generation)
+    # revoked meanwhile (and the group may already have its next epoch)
     store = SlowStore(str(tmp_path), "v1", block="write", partition=1)
-    h = harness(store, max_records=1, generation=1)
+    h = harness(store, max_records=1, epoch=1)
 
     async def run() -> FakeEvent:
         flushing = asyncio.create_task(h.add(1, 0, "p"))
@@ -232,12 +232,12 @@ def test_an_event_delivered_before_its_partition_was_revoked_is_dropped(
         await asyncio.sleep(0)  # one turn of the loop: delivered, it waits for the sink
         h.sink.on_revoked([TP("completions", 0), TP("completions", 1)])
         if rejoined:
-            h.generation.value = 2
+            h.epoch.value = 2
         store.release.set()
         await flushing
         await waiting
-        h.generation.value = 2
-        await h.add(0, 0, "a=again")  # partition 0 assigned again, in generation 2
+        h.epoch.value = 2
+        await h.add(0, 0, "a=again")  # partition 0 assigned again, in epoch 2
         return stale
 
     stale = asyncio.run(run())
@@ -251,7 +251,7 @@ def test_a_partition_revoked_while_it_is_adopted_is_adopted_again_in_the_next_ge
     tmp_path: Path,
 ) -> None:
     store = SlowStore(str(tmp_path), "v1", block="markers")
-    h = harness(store, max_records=1, generation=1)
+    h = harness(store, max_records=1, epoch=1)
 
     async def run() -> FakeEvent:
         stale = h.event(0, 5, "a=stale")
@@ -261,7 +261,7 @@ def test_a_partition_revoked_while_it_is_adopted_is_adopted_again_in_the_next_ge
         store.release.set()
         await adopting
         assert h.sink.stats.adopted == 0
-        h.generation.value = 2
+        h.epoch.value = 2
         await h.add(0, 5, "a=again")
         return stale
 
@@ -319,13 +319,13 @@ def test_the_memory_budget_flushes_the_largest_window_first(tmp_path: Path) -> N
 
 
 def test_a_window_keeps_the_generation_of_its_adoption(tmp_path: Path) -> None:
-    # the group's generation may move on without this partition being revoked (a rebalance
-    # that keeps it, under a cooperative protocol): its open window stays in its generation
-    h = harness(ShardStore(str(tmp_path), "v1"), max_records=2, generation=3)
+    # the group's epoch may move on without this partition being revoked (a rebalance
+    # that keeps it, under a cooperative protocol): its open window stays in its epoch
+    h = harness(ShardStore(str(tmp_path), "v1"), max_records=2, epoch=3)
 
     async def run() -> None:
         await h.add(0, 0, "a")
-        h.generation.value = 4
+        h.epoch.value = 4
         await h.add(0, 1, "b")
 
     asyncio.run(run())

@@ -161,7 +161,7 @@ def test_a_run_into_an_existing_version_without_its_earlier_prompts_is_refused(
     tmp_path: Path,
 ) -> None:
     store = ShardStore(str(tmp_path), "v1")
-    store.write_shard(0, 0, 0, rows("a"), generation=1)
+    store.write_shard(0, 0, 0, rows("a"), epoch=1)
     existing = {"consumer_group": "g"}
     assert not_built_before(existing, store, ["a"]) is None
     assert not_built_before(None, store, ["a", "b"]) is None  # a new version reads them all

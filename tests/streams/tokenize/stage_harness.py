@@ -70,7 +70,7 @@ class Stage:
     def __init__(
         self,
         tmp_path: Path,
-        generation: int = 0,
+        epoch: int = 0,
         guard: CrashGuard | None = None,
         prompts: frozenset[str] | None = None,
         tokenized_with: dict[str, str] | None = None,
@@ -90,7 +90,7 @@ class Stage:
             dead_letters_topic="dead-letters",
             backoff=Backoff(initial_s=0.0, max_s=0.0),
             clock=self.clock,
-            generation=lambda: generation,
+            epoch=lambda: epoch,
             guard=guard,
             prompts=prompts,
             tokenized_with=tokenized_with,

@@ -71,14 +71,14 @@ def test_a_later_completion_in_a_later_window_is_written_and_wins(tmp_path: Path
 
 
 def test_a_regeneration_after_a_restart_is_written_and_wins(tmp_path: Path) -> None:
-    earlier = Stage(tmp_path, generation=1, shard_max_records=2)
+    earlier = Stage(tmp_path, epoch=1, shard_max_records=2)
 
     async def first_run() -> None:
         await earlier.complete("a")
         await earlier.complete("b", last=10)
 
     asyncio.run(first_run())
-    restarted = Stage(tmp_path, generation=2, shard_max_records=2)
+    restarted = Stage(tmp_path, epoch=2, shard_max_records=2)
     restarted.offset = 2  # the committed position
 
     async def second_run() -> None:
@@ -86,7 +86,7 @@ def test_a_regeneration_after_a_restart_is_written_and_wins(tmp_path: Path) -> N
         await restarted.complete("c")
 
     asyncio.run(second_run())
-    assert [(m.generation, m.prompt_ids) for m in restarted.store.markers()] == [
+    assert [(m.epoch, m.prompt_ids) for m in restarted.store.markers()] == [
         (1, ["a", "b"]),
         (2, ["b", "c"]),
     ]
