@@ -12,11 +12,14 @@ from streams.core.settings import KafkaSettings, PublishSettings, StorageSetting
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # the registered source formats (built only for this command: publish reads them anyway)
+    from producers.sources import SOURCE_FORMATS
+
+    extensions = ", ".join(fmt.extensions[0] for fmt in SOURCE_FORMATS.values())
     parser.add_argument(
         "sources",
         nargs="*",
-        # the source formats of producers/sources.py SOURCE_FORMATS (a test checks the list)
-        help="files (.jsonl, .json, .parquet; compressed too), directories or globs of them, "
+        help=f"files ({extensions}; compressed too), directories or globs of them, "
         "on a path or URL; hf:NAME[:SPLIT]; each optionally PATH:WEIGHT",
     )
     add_flags(parser, PublishSettings)

@@ -181,7 +181,7 @@ class SampleBuilder:
         if server is None or cause is None or cause.side != "prompt":
             return
         server_prompt = server[0]
-        for profile in reversed(PROFILES):
+        for profile in reversed(list(PROFILES.values())):
             if profile.name == sample.normalization:
                 continue
             try:

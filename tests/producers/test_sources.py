@@ -292,18 +292,23 @@ def test_a_registered_source_format_is_read_like_the_built_in_ones(tmp_path: Pat
         assert sorted(number for source, number, _ in mixed if source == spec) == [0, 1]
         with pytest.raises(ValueError, match=r"notes.txt \(jsonl, json, parquet, toy\)"):
             iter_rows(SourceSpec(str(tmp_path / "notes.txt")))
+        assert ".toy;" in publish_sources_help()
     with pytest.raises(ValueError, match=r"a.toy \(jsonl, json, parquet\)$"):
         iter_rows(SourceSpec(str(folder / "a.toy")))
 
 
 def test_publish_names_every_registered_source_format() -> None:
-    """`publish --help` lists the formats by hand (producers are imported when it runs)."""
+    """`publish --help` names the registered formats (its parser reads the registry)."""
+    help_text = publish_sources_help()
+    for name, fmt in SOURCE_FORMATS.items():
+        assert re.search(re.escape(fmt.extensions[0]) + r"\b", help_text), name
+
+
+def publish_sources_help() -> str:
     parser = build_parser(["publish"])
     action = next(a for a in parser._actions if a.dest == "command")
     publish = action.choices["publish"]  # type: ignore[index]
-    help_text = next(a.help for a in publish._actions if a.dest == "sources") or ""
-    for name, fmt in SOURCE_FORMATS.items():
-        assert re.search(re.escape(fmt.extensions[0]) + r"\b", help_text), name
+    return next(a.help for a in publish._actions if a.dest == "sources") or ""
 
 
 def test_bundled_sample_path_is_readable() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from streams.core.registry import Registry
 from streams.core.serving.base import ContentFormat, NormalizationError, ServerNormalization
 from streams.core.serving.sglang import SGLANG_PROFILES, SglangNormalization, detect_content_format
 from streams.core.serving.vllm import VLLM_PROFILES, VllmNormalization
@@ -21,17 +22,15 @@ from streams.core.serving.vllm_format import detect_vllm_content_format
 
 SGLANG = "sglang"
 VLLM = "vllm"
-# every profile: SGLang's, then vLLM's, each newest last
-PROFILES: tuple[ServerNormalization, ...] = (*SGLANG_PROFILES, *VLLM_PROFILES)
-BY_NAME: dict[str, ServerNormalization] = {p.name: p for p in PROFILES}
-PROFILE_NAMES: tuple[str, ...] = tuple(BY_NAME)
+# every profile by name: SGLang's, then vLLM's, each newest last. A kind's version ranges are
+# ordered by the version each starts at (`profiles_of`), so one registered later takes its place.
+_BUILT_IN: tuple[ServerNormalization, ...] = (*SGLANG_PROFILES, *VLLM_PROFILES)
+PROFILES: Registry[ServerNormalization] = Registry(
+    "normalization profile", ((p.name, p) for p in _BUILT_IN)
+)
 # the default: records written before profiles, servers that report no version
 NEWEST: ServerNormalization = SGLANG_PROFILES[-1]
 NEWEST_VLLM: ServerNormalization = VLLM_PROFILES[-1]
-_BY_KIND: dict[str, tuple[ServerNormalization, ...]] = {
-    SGLANG: SGLANG_PROFILES,
-    VLLM: VLLM_PROFILES,
-}
 _VERSION = re.compile(r"v?(\d+(?:\.\d+)*)")
 
 
@@ -45,9 +44,17 @@ def parse_version(text: Any) -> tuple[int, ...] | None:
     return tuple(int(part) for part in match.group(1).split("."))
 
 
+def profiles_of(kind: str) -> list[ServerNormalization]:
+    """A server kind's profiles, oldest first: each covers the versions up to the next one's."""
+    profiles = sorted((p for p in PROFILES.values() if p.kind == kind), key=lambda p: p.since)
+    if not profiles:
+        raise ValueError(f"no normalization profile for servers of kind {kind!r}")
+    return profiles
+
+
 def profile_for_version(version: Any, kind: str = SGLANG) -> ServerNormalization:
     """The profile of a version a server of `kind` reports; its newest for an unknown one."""
-    profiles = _BY_KIND[kind]
+    profiles = profiles_of(kind)
     parsed = parse_version(version)
     if parsed is None:
         return profiles[-1]
@@ -63,20 +70,13 @@ def profile_named(name: str | None) -> ServerNormalization:
     profiles)."""
     if not name:
         return NEWEST
-    try:
-        return BY_NAME[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown normalization profile {name!r}; known: {', '.join(PROFILE_NAMES)}"
-        ) from None
+    return PROFILES.named(name)
 
 
 __all__ = [
-    "BY_NAME",
     "NEWEST",
     "NEWEST_VLLM",
     "PROFILES",
-    "PROFILE_NAMES",
     "SGLANG",
     "SGLANG_PROFILES",
     "VLLM",
@@ -91,4 +91,5 @@ __all__ = [
     "parse_version",
     "profile_for_version",
     "profile_named",
+    "profiles_of",
 ]

@@ -24,23 +24,6 @@ KeepFlagDrop = Literal["drop", "flag", "keep"]
 OverLength = Literal["drop", "truncate"]
 RegenMode = Literal["final", "every-turn"]
 GenerateApi = Literal["chat", "native"]
-# SGLang's and vLLM's request-preprocessing profiles (streams/core/serving/ PROFILE_NAMES; a
-# test checks)
-Normalization = Literal[
-    "sglang-0.5.1",
-    "sglang-0.5.4",
-    "sglang-0.5.9",
-    "sglang-0.5.10",
-    "sglang-0.5.11",
-    "sglang-0.5.23",
-    "vllm-0.11",
-    "vllm-0.12",
-    "vllm-0.20",
-    "vllm-0.22",
-    "vllm-0.29",
-    "vllm-0.30",
-    "vllm-0.33",
-]
 Compression = Literal["gzip", "none"]
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 # aiokafka's mechanisms

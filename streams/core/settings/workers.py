@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import SecretStr, model_validator
 
 from streams.core.families import FAMILIES
+from streams.core.serving import PROFILES
 from streams.core.settings.base import (
     Concurrency,
     DatasetName,
@@ -23,7 +24,6 @@ from streams.core.settings.kafka import KafkaSettings
 from streams.core.settings.names import (
     DEFAULT_CONCURRENCY,
     GenerateApi,
-    Normalization,
     tokenize_group_name,
 )
 from streams.core.settings.policy import SamplePolicy
@@ -31,6 +31,8 @@ from streams.core.settings.storage import StorageSettings
 
 # a registered model family (streams/core/families/registry.py FAMILIES)
 FamilyName = Annotated[str, OneOf(FAMILIES)]
+# a registered request-preprocessing profile (streams/core/serving/ PROFILES)
+ProfileName = Annotated[str, OneOf(PROFILES)]
 
 
 class SamplingSettings(Settings):
@@ -81,7 +83,7 @@ class GenerateSettings(Settings):
     # None: the profile of the SGLang or vLLM version the server reports at start (the newest
     # SGLang one if it says none); recorded per completion, so the tokenize stage renders as
     # the server did
-    normalization: Normalization | None = setting(
+    normalization: ProfileName | None = setting(
         None,
         cli=True,
         help="render prompts as this SGLang or vLLM version range preprocesses chat requests "

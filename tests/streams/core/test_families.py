@@ -86,14 +86,13 @@ def test_the_registry_keeps_built_in_families_and_unique_names() -> None:
 
 
 def test_the_family_setting_and_its_docs_offer_exactly_the_registered_families() -> None:
-    """`--family` takes its choices from the registry (`FAMILIES`); the docs' row is written by
-    hand, so a family registered in registry.py must be added to docs/configuration.md."""
+    """`--family` takes its choices from the registry (`FAMILIES`); the docs' row names no
+    family by hand (it points at `--help`), so a new family needs no docs edit."""
     registered = tuple(FAMILIES)
     assert {"kimi_k2", "qwen3", "generic"} <= set(registered)  # the built-in ones
     for command in (["worker", "generate"], ["worker", "tokenize"]):
         for name in registered:
             argv = [*command, "--family", name]
             assert build_parser(argv).parse_args(argv).family == name
-    row = re.search(r"^\| `--family ([^`]+)` \|", CONFIGURATION.read_text(), re.MULTILINE)
-    assert row is not None
-    assert tuple(row.group(1).split("\\|")) == registered, "docs/configuration.md's --family row"
+    row = re.search(r"^\| `--family ([^`]+)` \|.*$", CONFIGURATION.read_text(), re.MULTILINE)
+    assert row is not None and row.group(1) == "FAMILY" and "--help" in row.group(0)

@@ -27,10 +27,9 @@ from compose.tiny_tokenizers import build_kimi_k26_tokenizer, build_qwen36_token
 from streams.core.normalize import make_prompt_record
 from streams.core.records import CompletionRecord
 from streams.core.serving import (
-    BY_NAME,
     NEWEST,
     NEWEST_VLLM,
-    PROFILE_NAMES,
+    PROFILES,
     detect_content_format,
 )
 from streams.core.settings import GenerateSettings, KafkaSettings
@@ -114,11 +113,11 @@ def served_prompt_ids(
 def version_of(profile: str) -> str:
     """A release the profile describes (the oldest ones start at version 0)."""
     oldest = {"sglang-0.5.1": "0.5.1", "vllm-0.11": "0.11.0"}
-    return oldest.get(profile) or ".".join(map(str, BY_NAME[profile].since))
+    return oldest.get(profile) or ".".join(map(str, PROFILES[profile].since))
 
 
 def worker_prompt_ids(target: Target, profile: str, case: Case) -> list[int] | str:
-    native = NativeChat(target.loaded, thinking=True, normalization=BY_NAME[profile])
+    native = NativeChat(target.loaded, thinking=True, normalization=PROFILES[profile])
     try:
         return native.render_messages(case.messages, case.tools, case.tool_choice).input_ids
     except ValueError as err:
@@ -128,14 +127,14 @@ def worker_prompt_ids(target: Target, profile: str, case: Case) -> list[int] | s
 # -- the agreement --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("profile", PROFILE_NAMES)
+@pytest.mark.parametrize("profile", list(PROFILES))
 @pytest.mark.parametrize("family", ["qwen36", "kimi_k26"])
 def test_every_case_renders_to_the_chat_endpoints_ids(
     targets: dict[str, Target], family: str, profile: str
 ) -> None:
     target = targets[family]
     names = sorted(CASES)
-    kind = BY_NAME[profile].kind
+    kind = PROFILES[profile].kind
     served = served_prompt_ids(target, version_of(profile), [CASES[n] for n in names], kind)
     for name, server_ids in zip(names, served, strict=True):
         if isinstance(server_ids, str):
@@ -156,7 +155,7 @@ def test_the_newest_profile_renders_every_case(targets: dict[str, Target]) -> No
 def test_the_profiles_render_tools_differently(targets: dict[str, Target]) -> None:
     """The cases tell the profiles apart: else agreement would prove nothing per version."""
     target = targets["qwen36"]
-    renders = {p: worker_prompt_ids(target, p, CASES["tools"]) for p in PROFILE_NAMES}
+    renders = {p: worker_prompt_ids(target, p, CASES["tools"]) for p in PROFILES}
     assert renders["sglang-0.5.23"] != renders["sglang-0.5.11"] != renders["sglang-0.5.9"]
     assert renders["sglang-0.5.9"] != renders["sglang-0.5.4"]
     # vLLM dumps its own tool models: neither SGLang's nor the request's
@@ -173,7 +172,7 @@ def test_the_vllm_profiles_differ_where_their_releases_do(targets: dict[str, Tar
         qwen, "vllm-0.12", history
     )
     formats = {
-        p: tuple(BY_NAME[p].template_content_format(t.model.chat_template) for t in (qwen, kimi))
+        p: tuple(PROFILES[p].template_content_format(t.model.chat_template) for t in (qwen, kimi))
         for p in ("vllm-0.20", "vllm-0.22", "vllm-0.30")
     }
     assert formats == {
@@ -303,7 +302,7 @@ def test_a_normalization_difference_is_its_own_drift_cause(targets: dict[str, Ta
         normalization=NEWEST.name,
     )
     builder = SampleBuilder(target.loaded.tokenizer, target.loaded.profile)
-    old_prompt = builder.render_prompt(record, BY_NAME["sglang-0.5.11"])
+    old_prompt = builder.render_prompt(record, PROFILES["sglang-0.5.11"])
     turn = builder.render(record).turn
     served = replace_ids(record, target.model.encode(old_prompt), target.model.encode(turn))
     sample = builder.build(served)

@@ -4,22 +4,19 @@ agreement with the server is test_normalization.py's."""
 
 from __future__ import annotations
 
-import typing
 from typing import Any
 
 import pytest
 
 from streams.core.serving import (
-    BY_NAME,
     NEWEST,
     NEWEST_VLLM,
-    PROFILE_NAMES,
+    PROFILES,
     SGLANG_PROFILES,
     VLLM_PROFILES,
     NormalizationError,
     profile_for_version,
 )
-from streams.core.settings import Normalization
 from tests.streams.generate.normalization_cases import BARE, HISTORY, QUERY, WEATHER
 
 
@@ -43,8 +40,8 @@ def test_profile_for_version() -> None:
     assert profile_for_version(None, "vllm") is NEWEST_VLLM
 
 
-def test_settings_offer_every_profile() -> None:
-    assert typing.get_args(Normalization) == PROFILE_NAMES
+def test_the_registry_holds_every_profile_each_kind_newest_last() -> None:
+    assert list(PROFILES) == [p.name for p in (*SGLANG_PROFILES, *VLLM_PROFILES)]
     assert SGLANG_PROFILES[-1] is NEWEST
     assert VLLM_PROFILES[-1] is NEWEST_VLLM
     assert {p.kind for p in SGLANG_PROFILES} == {"sglang"}
@@ -88,8 +85,8 @@ def test_vllm_hands_the_template_its_own_dumps() -> None:
     ]
     tool = {"role": "tool", "tool_call_id": "c", "content": parts}
     assert NEWEST_VLLM.messages([tool], "openai")[0]["content"] == "a\nb"
-    assert BY_NAME["vllm-0.12"].messages([tool], "openai")[0]["content"] == parts
-    assert BY_NAME["vllm-0.11"].messages([HISTORY[1]])[0].get("reasoning") is None
+    assert PROFILES["vllm-0.12"].messages([tool], "openai")[0]["content"] == parts
+    assert PROFILES["vllm-0.11"].messages([HISTORY[1]])[0].get("reasoning") is None
 
 
 # -- what each profile hands the template ---------------------------------------------------
@@ -97,7 +94,7 @@ def test_vllm_hands_the_template_its_own_dumps() -> None:
 
 def test_tool_dumps_per_version() -> None:
     tools = [WEATHER, BARE]
-    assert BY_NAME["sglang-0.5.4"].tools(tools) == [
+    assert PROFILES["sglang-0.5.4"].tools(tools) == [
         {
             "description": "Weather for a city",
             "name": "get_weather",
@@ -106,9 +103,9 @@ def test_tool_dumps_per_version() -> None:
         },
         {"description": None, "name": "ping", "parameters": None, "strict": False},
     ]
-    wrapped = BY_NAME["sglang-0.5.9"].tools(tools)
+    wrapped = PROFILES["sglang-0.5.9"].tools(tools)
     assert wrapped is not None and list(wrapped[0]) == ["type", "function"]
-    eleven = BY_NAME["sglang-0.5.11"].tools(tools)
+    eleven = PROFILES["sglang-0.5.11"].tools(tools)
     assert eleven is not None and eleven[0]["defer_loading"] is None
     assert list(eleven[0]["function"]) == ["description", "name", "parameters", "strict"]
     newest = NEWEST.tools(tools)
@@ -141,7 +138,7 @@ def test_tool_dumps_per_version() -> None:
 
 def test_message_dumps_per_version() -> None:
     history = HISTORY[1]
-    old = BY_NAME["sglang-0.5.1"].messages([history])[0]
+    old = PROFILES["sglang-0.5.1"].messages([history])[0]
     assert isinstance(old["tool_calls"][0]["function"]["arguments"], str)
     new = NEWEST.messages([history])[0]
     assert new["tool_calls"][1]["function"]["arguments"] == {
@@ -165,7 +162,7 @@ def test_message_dumps_per_version() -> None:
     assert NEWEST.messages([{"role": "user", "content": parts}], "openai")[0]["content"] == parts
     tool = {"role": "tool", "tool_call_id": "c", "content": parts}
     assert NEWEST.messages([tool], "openai")[0]["content"] == "a b"
-    assert BY_NAME["sglang-0.5.10"].messages([tool], "openai")[0]["content"] == parts
+    assert PROFILES["sglang-0.5.10"].messages([tool], "openai")[0]["content"] == parts
     with pytest.raises(NormalizationError):
         NEWEST.messages([{**history, "tool_calls": [_bad_arguments()]}])
 
@@ -175,7 +172,7 @@ def _bad_arguments() -> dict[str, Any]:
 
 
 def test_reasoning_effort_keyword_per_version() -> None:
-    assert BY_NAME["sglang-0.5.9"].template_kwargs({"thinking": True}) == {
+    assert PROFILES["sglang-0.5.9"].template_kwargs({"thinking": True}) == {
         "reasoning_effort": "medium",
         "thinking": True,
     }

@@ -211,12 +211,12 @@ def vllm_tools(tools):
     return [ns["ChatCompletionToolsParam"].model_validate(t).model_dump() for t in tools]
 
 
-from streams.core.serving import BY_NAME
+from streams.core.serving import PROFILES
 from tests.streams.generate.normalization_cases import CASES
 from streams.core.normalize import make_prompt_record
 from tests.streams.generate.normalization_cases import SAMPLES
 
-profile = BY_NAME[PROFILE]
+profile = PROFILES[PROFILE]
 cases = dict(CASES)
 for i, line in enumerate(SAMPLES.read_text().splitlines()):
     if line.strip():
