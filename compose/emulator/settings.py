@@ -194,9 +194,16 @@ _SECONDS = _number(float, 0.0)
 
 
 def add_emulator_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of `draftgen emulate-server`, named after SGLang's where SGLang has one."""
-    d = EmulatorSettings(tokenizer_dir=Path("."))
-    add = parser.add_argument
+    """Flags of `draftgen emulate-server`, named after SGLang's where SGLang has one, in groups
+    for `--help`: the server, its answers, how it serves, the faults it injects."""
+    defaults = EmulatorSettings(tokenizer_dir=Path("."))
+    for add_group in (_server_flags, _answer_flags, _serving_flags, _fault_flags):
+        add_group(parser, defaults)
+
+
+def _server_flags(parser: argparse.ArgumentParser, d: EmulatorSettings) -> None:
+    """Which server and model it imitates."""
+    add = parser.add_argument_group("the server").add_argument
     add(
         "--tokenizer-dir",
         "--tokenizer",
@@ -242,6 +249,11 @@ def add_emulator_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="X.Y.Z",
         help="the same as --version, for --kind sglang",
     )
+
+
+def _answer_flags(parser: argparse.ArgumentParser, d: EmulatorSettings) -> None:
+    """What the answers are: lengths, thinking, tool calls, junk."""
+    add = parser.add_argument_group("answers").add_argument
     add(
         "--min-output-tokens",
         type=_POSITIVE,
@@ -299,6 +311,24 @@ def add_emulator_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.tool_call_rate,
         help="fraction of requests with tools answered by a tool call",
     )
+    add(
+        "--seed",
+        type=int,
+        default=d.seed,
+        help="seed of the answers, lengths and faults (the same on every server with it)",
+    )
+    add(
+        "--script",
+        type=_existing("file"),
+        default=None,
+        metavar="FILE",
+        help='JSON lines {"match", "output"}: the output text of prompts containing match',
+    )
+
+
+def _serving_flags(parser: argparse.ArgumentParser, d: EmulatorSettings) -> None:
+    """How it serves: speed, capacity, start-up, the API key, its log."""
+    add = parser.add_argument_group("serving").add_argument
     add("--tokens-per-s", type=_SECONDS, default=d.tokens_per_s, help="decode speed; 0 = instant")
     add(
         "--max-running-requests",
@@ -331,6 +361,18 @@ def add_emulator_arguments(parser: argparse.ArgumentParser) -> None:
         help="the status of a request without the key (SGLang: 401)",
     )
     add(
+        "--request-log",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="append a JSON line per generation request: its prompt's digest, times, outcome",
+    )
+
+
+def _fault_flags(parser: argparse.ArgumentParser, d: EmulatorSettings) -> None:
+    """The failures it injects, each at a rate."""
+    add = parser.add_argument_group("faults").add_argument
+    add(
         "--fail-400-rate",
         type=_RATE,
         default=d.rate_400_context,
@@ -361,26 +403,6 @@ def add_emulator_arguments(parser: argparse.ArgumentParser) -> None:
         type=_RATE,
         default=d.drift_rate,
         help="fraction of prompts answered in other tokens than their text's encoding",
-    )
-    add(
-        "--seed",
-        type=int,
-        default=d.seed,
-        help="seed of the answers, lengths and faults (the same on every server with it)",
-    )
-    add(
-        "--script",
-        type=_existing("file"),
-        default=None,
-        metavar="FILE",
-        help='JSON lines {"match", "output"}: the output text of prompts containing match',
-    )
-    add(
-        "--request-log",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="append a JSON line per generation request: its prompt's digest, times, outcome",
     )
 
 

@@ -32,6 +32,7 @@ from streams.core.settings.names import TOKENIZE_GROUP_PREFIX, tokenize_group_na
 from streams.core.topics import group_names
 from streams.observe.heartbeat import HeartbeatReader
 from streams.tools.progress import DeadLetterReader, dataset_figures
+from streams.tools.status_render import render_text, to_json
 from streams.tools.status_view import (
     DatasetRow,
     GroupLag,
@@ -39,9 +40,7 @@ from streams.tools.status_view import (
     estimate,
     finish_rate,
     group_lag,
-    render_text,
     server_rows,
-    to_json,
     tokenizer_rows,
 )
 

@@ -18,19 +18,17 @@ from streams.generate.stats import GenerateStats, generate_figures
 from streams.observe.figures import Figures, read_figures
 from streams.observe.heartbeat import Heartbeat, HeartbeatReader, RateWindow, new_heartbeat, refresh
 from streams.tokenize.stats import TokenizeStats
+from streams.tools.formatting import duration, table
 from streams.tools.status import StatusProbe
+from streams.tools.status_render import render_text, to_json
 from streams.tools.status_view import (
     FORGET_AFTER_S,
     DatasetRow,
     StatusSnapshot,
-    duration,
     estimate,
     finish_rate,
     group_lag,
-    render_text,
     server_rows,
-    table,
-    to_json,
     tokenizer_rows,
 )
 
