@@ -51,7 +51,7 @@ PRELOAD = (
     "streams.generate.app",
     "streams.tokenize.app",
     "compose.emulator.server",
-    "compose.emulator.settings",
+    "compose.emulator.flags",
     "transformers",
     "pyarrow",
     "s3fs",

@@ -13,12 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from compose.emulator.app import build_app
+    from compose.emulator.flags import add_emulator_arguments, settings_from_args
     from compose.emulator.server import run, serve
-    from compose.emulator.settings import (
-        EmulatorSettings,
-        add_emulator_arguments,
-        settings_from_args,
-    )
+    from compose.emulator.settings import EmulatorSettings
 
 # Imported on first use: the server's modules load transformers (~2 s), and every `draftgen`
 # command imports the emulator's settings for its flags, workers included.
@@ -27,8 +24,8 @@ _HOMES = {
     "run": "compose.emulator.server",
     "serve": "compose.emulator.server",
     "EmulatorSettings": "compose.emulator.settings",
-    "add_emulator_arguments": "compose.emulator.settings",
-    "settings_from_args": "compose.emulator.settings",
+    "add_emulator_arguments": "compose.emulator.flags",
+    "settings_from_args": "compose.emulator.flags",
 }
 
 
