@@ -44,6 +44,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sinks.marker import ShardMarker
 from sinks.reader import DatasetReader
 from streams.core.records import DeadLetter, RecordError, is_policy_drop
 from streams.core.settings import KafkaSettings
@@ -295,20 +296,8 @@ def build_report(
     }
     if think_close is None:
         not_recorded += ["lengths.reasoning", "lengths.answer"]
-
-    compared = sum(m.compared for m in markers)
-    drifted = sum(m.drifted for m in markers)
-    causes: Counter[str] = Counter()
-    for marker in markers:
-        causes.update(marker.drift_causes)
-    report["drift"] = {
-        "compared": compared,
-        "drifted": drifted,
-        "rate": round(drifted / compared, 4) if compared else NOT_RECORDED,
-        # the most frequent first; each marker keeps only its window's most frequent
-        "causes": dict(causes.most_common(REPORT_CAUSES)),
-    }
-    if not compared:
+    report["drift"] = _drift(markers)
+    if not report["drift"]["compared"]:
         not_recorded.append("drift.rate")
     report["truncated"] = sum(m.truncated for m in markers)
 
@@ -324,16 +313,7 @@ def build_report(
         "tokenize_errors": report["errors"]["tokenize"]["total"],
         "upstream_letters": report["errors"]["upstream"]["total"],
     }
-    report["supervised_tokens"] = {
-        "total": int(totals.token_counts.sum()),
-        "distinct": int(np.count_nonzero(totals.token_counts)),
-        "top": top_tokens(totals.token_counts, tokenizer),
-        "file": "token_freq.json",
-        "note": "token id -> count over loss_mask == 1, every token seen (token_freq.json): "
-        "the frequencies an EAGLE-3 draft vocabulary is chosen from (SpecForge's "
-        "process_token_dict_to_mappings)",
-    }
-
+    report["supervised_tokens"] = _supervised_tokens(totals.token_counts, tokenizer)
     report["duplicates"] = {
         # should be 0: the sink writes each prompt id once per version
         "duplicate_ids_in_version": totals.samples - totals.distinct_ids(),
@@ -350,6 +330,34 @@ def build_report(
             not_recorded.append(f"duplicates.{name}")
     report["not_recorded"] = not_recorded
     return report
+
+
+def _drift(markers: list[ShardMarker]) -> dict[str, Any]:
+    """Samples whose rendering was compared with the server's ids, how many differ, and why."""
+    compared = sum(m.compared for m in markers)
+    drifted = sum(m.drifted for m in markers)
+    causes: Counter[str] = Counter()
+    for marker in markers:
+        causes.update(marker.drift_causes)
+    return {
+        "compared": compared,
+        "drifted": drifted,
+        "rate": round(drifted / compared, 4) if compared else NOT_RECORDED,
+        # the most frequent first; each marker keeps only its window's most frequent
+        "causes": dict(causes.most_common(REPORT_CAUSES)),
+    }
+
+
+def _supervised_tokens(counts: np.ndarray, tokenizer: Any) -> dict[str, Any]:
+    return {
+        "total": int(counts.sum()),
+        "distinct": int(np.count_nonzero(counts)),
+        "top": top_tokens(counts, tokenizer),
+        "file": "token_freq.json",
+        "note": "token id -> count over loss_mask == 1, every token seen (token_freq.json): "
+        "the frequencies an EAGLE-3 draft vocabulary is chosen from (SpecForge's "
+        "process_token_dict_to_mappings)",
+    }
 
 
 def _by_source(
