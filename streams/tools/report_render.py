@@ -255,22 +255,22 @@ def _image(name: str, png: bytes) -> str:
 
 def render_html(report: dict[str, Any], pngs: dict[str, bytes]) -> str:
     name = html.escape(report["dataset"])
-    lengths = report["lengths"]
-    length_rows = []
-    for key in (*LENGTHS, "generated"):
-        dist = lengths.get(key)
-        if not dist or not dist.get("count"):
-            length_rows.append([key, NOT_RECORDED, None, None, None, None, None])
-            continue
-        length_rows.append(
-            [key, dist["count"], dist["mean"], dist["p50"], dist["p90"], dist["p99"], dist["max"]]
-        )
-    split = report["reasoning_split"]
-    outcomes = report["outcomes"]
-    tokens = report["supervised_tokens"]
-    drift = report["drift"]
-    dup = report["duplicates"]
     parts = [
+        *_totals_html(report, pngs, name),
+        *_lengths_html(report, pngs),
+        *_outcomes_html(report, pngs),
+        *_tokens_html(report),
+    ]
+    body = "\n".join(parts)
+    return (
+        f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>draftgen report: {name}</title><style>{CSS}</style></head>"
+        f"<body>\n{body}\n</body></html>\n"
+    )
+
+
+def _totals_html(report: dict[str, Any], pngs: dict[str, bytes], name: str) -> list[str]:
+    return [
         f"<h1>Dataset report: {name}</h1>",
         f'<p class="note">{html.escape(report["url"])} · '
         f"{'sealed' if report['sealed'] else 'committed shards (not sealed)'} · "
@@ -293,6 +293,22 @@ def render_html(report: dict[str, Any], pngs: dict[str, bytes]) -> str:
         "drops), drops = this version's recorded drops plus the earlier stages' dead letters, "
         "by the source their letters name (needs the broker)</p>",
         _image("sources", pngs["sources"]),
+    ]
+
+
+def _lengths_html(report: dict[str, Any], pngs: dict[str, bytes]) -> list[str]:
+    lengths = report["lengths"]
+    length_rows = []
+    for key in (*LENGTHS, "generated"):
+        dist = lengths.get(key)
+        if not dist or not dist.get("count"):
+            length_rows.append([key, NOT_RECORDED, None, None, None, None, None])
+            continue
+        length_rows.append(
+            [key, dist["count"], dist["mean"], dist["p50"], dist["p90"], dist["p99"], dist["max"]]
+        )
+    split = report["reasoning_split"]
+    return [
         "<h2>Lengths</h2>",
         f'<p class="note">reasoning / answer {"split at" if split["computed"] else "not split:"} '
         f"{html.escape(split['note'])}; "
@@ -303,6 +319,12 @@ def render_html(report: dict[str, Any], pngs: dict[str, bytes]) -> str:
         "<h2>Finish reasons</h2>",
         _table(["finish reason", "samples"], [[k, n] for k, n in report["finish_reasons"].items()]),
         _image("finish_reasons", pngs["finish_reasons"]),
+    ]
+
+
+def _outcomes_html(report: dict[str, Any], pngs: dict[str, bytes]) -> list[str]:
+    outcomes = report["outcomes"]
+    return [
         "<h2>Drops and errors</h2>",
         _table(
             ["prompts of this version", "samples", "policy drops", "tokenize errors"],
@@ -329,6 +351,14 @@ def render_html(report: dict[str, Any], pngs: dict[str, bytes]) -> str:
         _provenance(report["provenance"]),
         "<h2>Quality gate</h2>",
         _gate(report.get("quality_gate", {})),
+    ]
+
+
+def _tokens_html(report: dict[str, Any]) -> list[str]:
+    tokens = report["supervised_tokens"]
+    drift = report["drift"]
+    dup = report["duplicates"]
+    return [
         "<h2>Supervised tokens</h2>",
         f'<p class="note">{html.escape(tokens["note"])}; {tokens["total"]:,} supervised '
         f"tokens, {tokens['distinct']:,} distinct; the {len(tokens['top'])} most frequent:</p>",
@@ -358,12 +388,6 @@ def render_html(report: dict[str, Any], pngs: dict[str, bytes]) -> str:
         + (", ".join(html.escape(n) for n in report["not_recorded"]) or "everything was")
         + "</p>",
     ]
-    body = "\n".join(parts)
-    return (
-        f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>draftgen report: {name}</title><style>{CSS}</style></head>"
-        f"<body>\n{body}\n</body></html>\n"
-    )
 
 
 def write_report(
