@@ -11,7 +11,9 @@ tokenizer, built once per session."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from compose.process import ManagedProcess
 from compose.seaweedfs import SeaweedS3
-from compose.stack import LocalStack
+from compose.stack import LocalStack, draftgen_argv
 from compose.tiny_tokenizers import build_qwen36_tokenizer
 from producers.publish import PublishSummary, publish
 from producers.sources import parse_source_spec
@@ -191,6 +193,19 @@ class Pipeline:
             "--partitions",
             str(self.partitions),
         ]
+
+    def draftgen(
+        self, *args: str, timeout: float = 120, cwd: Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """`draftgen ARGS` on this pipeline's environment, its output captured as text."""
+        return subprocess.run(
+            draftgen_argv(*args),
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=cwd,
+        )
 
     def store(self, dataset: str | None = None) -> ShardStore:
         return ShardStore(self.out, dataset or self.dataset, self.s3.endpoint.storage_options())

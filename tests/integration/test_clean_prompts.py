@@ -5,13 +5,10 @@ contaminated (a dead letter naming its row and the words it shares) and not publ
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import orjson
 
-from compose.stack import draftgen_argv
 from tests.integration.probes import topic_size
 from tests.producers.test_clean import EVAL_TASKS
 
@@ -45,21 +42,16 @@ def test_publish_removes_whitespace_duplicates_across_sources_and_contaminated_p
     second.write_bytes(
         rows("How do I  reverse a list\nin Python? ", TASK, "Explain TCP.", LONG + " Thanks!")
     )
-    done = subprocess.run(
-        draftgen_argv(
-            "publish",
-            str(first),
-            str(second),
-            "--decontaminate",
-            str(EVAL_TASKS),
-            "--near-duplicates",
-            "0.8",
-            "--no-progress",
-            *pipeline.common,
-        ),
-        env={**os.environ, **pipeline.env},
-        capture_output=True,
-        text=True,
+    done = pipeline.draftgen(
+        "publish",
+        str(first),
+        str(second),
+        "--decontaminate",
+        str(EVAL_TASKS),
+        "--near-duplicates",
+        "0.8",
+        "--no-progress",
+        *pipeline.common,
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
@@ -81,12 +73,8 @@ def test_publish_removes_whitespace_duplicates_across_sources_and_contaminated_p
 
     # `dead-letters --republish` leaves removals alone unless a removal is named by its kind
     def republish(*flags: str) -> str:
-        done = subprocess.run(
-            draftgen_argv("dead-letters", "--republish", *flags, *pipeline.common),
-            env={**os.environ, **pipeline.env},
-            capture_output=True,
-            text=True,
-            timeout=120,
+        done = pipeline.draftgen(
+            "dead-letters", "--republish", *flags, *pipeline.common, timeout=120
         )
         assert done.returncode == 0, done.stderr
         return done.stdout

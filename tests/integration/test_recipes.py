@@ -5,15 +5,12 @@ that asks for two answers per prompt, two samples with their own ids and seeds."
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections import Counter
 from pathlib import Path
 
 import orjson
 import pytest
 
-from compose.stack import draftgen_argv
 from producers import bundled_sample_path
 from sinks.reader import DatasetReader
 from streams.core.normalize import make_prompt_record
@@ -56,20 +53,9 @@ def test_a_recipe_run_gives_samples_that_show_their_thinking_mix_and_sampling(
     recipe = tmp_path / "mix.toml"
     recipe.write_text(RECIPE)
 
-    done = subprocess.run(
-        draftgen_argv(
-            "run",
-            "--recipe",
-            str(recipe),
-            "--out",
-            pipeline.out,
-            "--dataset",
-            "mixed",
-            *pipeline.common,
-        ),
-        env={**os.environ, **pipeline.env},
-        capture_output=True,
-        text=True,
+    done = pipeline.draftgen(
+        *("run", "--recipe", str(recipe), "--out", pipeline.out, "--dataset", "mixed"),
+        *pipeline.common,
         timeout=600,
         cwd=tmp_path,
     )

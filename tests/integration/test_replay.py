@@ -5,12 +5,8 @@ catching up it keeps following new completions."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-
 import pytest
 
-from compose.stack import draftgen_argv
 from compose.tiny_tokenizers import QWEN36_CHAT_TEMPLATE
 from sinks.reader import DatasetReader
 from streams.core.tokenizers import load_tokenizer
@@ -42,20 +38,15 @@ def test_replay_with_a_fixed_template(pipeline, write_prompts, tmp_path) -> None
     served, stored = requests_served(url), topic_size(pipeline.kafka)
 
     # an earlier version is never overwritten by a replay
-    refused = subprocess.run(
-        draftgen_argv(
-            "replay",
-            "--tokenizer-dir",
-            str(pipeline.tokenizer_dir),
-            "--out",
-            pipeline.out,
-            "--dataset",
-            "v1",
-            *pipeline.common,
-        ),
-        env={**os.environ, **pipeline.env},
-        capture_output=True,
-        text=True,
+    refused = pipeline.draftgen(
+        "replay",
+        "--tokenizer-dir",
+        str(pipeline.tokenizer_dir),
+        "--out",
+        pipeline.out,
+        "--dataset",
+        "v1",
+        *pipeline.common,
         timeout=60,
     )
     assert refused.returncode == 2 and "already exists" in refused.stderr

@@ -7,8 +7,6 @@ against the known numbers and against what `status`, the sealed manifest, the re
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -16,7 +14,6 @@ from typing import Any
 import orjson
 import pytest
 
-from compose.stack import draftgen_argv
 from sinks.reader import DatasetReader
 from streams.cli.main import main
 from streams.core.records import CompletionRecord, PromptRecord
@@ -43,13 +40,7 @@ def synthetic(index: int) -> CompletionRecord:
 
 
 def cli(pipeline: Any, *args: str, timeout: float = 300) -> str:
-    done = subprocess.run(
-        draftgen_argv(*args),
-        env={**os.environ, **pipeline.env},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    done = pipeline.draftgen(*args, timeout=timeout)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

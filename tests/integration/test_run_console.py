@@ -5,15 +5,12 @@ ends; `dead-letters` lists failed prompts with their source ids."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import orjson
 import pytest
 
 from compose.process import free_port
-from compose.stack import draftgen_argv
 from streams.cli.run import bundled_tokenizer_dir
 from tests.polling import wait_for
 
@@ -21,13 +18,7 @@ pytestmark = pytest.mark.integration
 
 
 def _status(pipeline) -> dict:
-    done = subprocess.run(
-        draftgen_argv("status", "--json", *pipeline.common),
-        env={**os.environ, **pipeline.env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = pipeline.draftgen("status", "--json", *pipeline.common, timeout=120)
     assert done.returncode == 0, done.stderr
     return orjson.loads(done.stdout)
 
@@ -83,13 +74,7 @@ def test_run_says_on_its_console_that_its_server_is_down_and_when_it_is_back(
     assert f"server {server}: token ids exact via" in text
     assert "done in" in text and "samples      6" in text
 
-    listed = subprocess.run(
-        draftgen_argv("dead-letters", "--json", *pipeline.common),
-        env={**os.environ, **pipeline.env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    listed = pipeline.draftgen("dead-letters", "--json", *pipeline.common, timeout=120)
     assert listed.returncode == 0, listed.stderr
     failed = orjson.loads(listed.stdout)["failed_prompts"]
     assert [(f["source_id"], f["stage"], f["kind"]) for f in failed] == [

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
-import subprocess
 from collections.abc import Iterable
 from typing import Any
 
@@ -16,7 +14,6 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from compose.process import ManagedProcess
-from compose.stack import draftgen_argv
 from compose.tiny_tokenizers import QWEN36_CHAT_TEMPLATE
 from sinks.reader import DatasetReader
 from sinks.shards import ShardStore
@@ -76,15 +73,9 @@ def seal(pipeline: Any, dataset: str, timeout: float = 240) -> str:
     """`draftgen seal`: returns once the version has caught up with every completion."""
     store = pipeline.store(dataset)
     wait_for(lambda: store.manifest() is not None, 120, f"a worker to start {dataset}")
-    done = subprocess.run(
-        [
-            *draftgen_argv("seal", "--out", pipeline.out, "--dataset", dataset, *pipeline.common),
-            "--timeout",
-            str(timeout),
-        ],
-        env={**os.environ, **pipeline.env},
-        capture_output=True,
-        text=True,
+    done = pipeline.draftgen(
+        *("seal", "--out", pipeline.out, "--dataset", dataset, *pipeline.common),
+        *("--timeout", str(timeout)),
         timeout=timeout + 60,
     )
     assert done.returncode == 0, done.stderr
@@ -257,16 +248,11 @@ def test_replay_shows_its_progress_and_ends_once_caught_up(
     when it started, with plain progress lines (no escape codes) when not on a terminal."""
     ids = {f"p{i:05d}" for i in range(1, 121) if i % CUT_EVERY}  # none cut off: no drops
     produce(pipeline.kafka, (completion(int(i[1:])) for i in sorted(ids)))
-    done = subprocess.run(
-        draftgen_argv(
-            "replay",
-            *("--tokenizer-dir", str(pipeline.tokenizer_dir), "--out", pipeline.out),
-            *("--dataset", "ends", "--idle-flush", "1", "--workers", str(workers)),
-            *("--workdir", str(tmp_path / "replay"), *pipeline.common),
-        ),
-        env={**os.environ, **pipeline.env},
-        capture_output=True,
-        text=True,
+    done = pipeline.draftgen(
+        "replay",
+        *("--tokenizer-dir", str(pipeline.tokenizer_dir), "--out", pipeline.out),
+        *("--dataset", "ends", "--idle-flush", "1", "--workers", str(workers)),
+        *("--workdir", str(tmp_path / "replay"), *pipeline.common),
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
