@@ -216,7 +216,7 @@ class ShardSink(Generic[T]):
       the decoding of the next), at most `MAX_FLUSHING` at a time; a partition's windows are
       written and acked in offset order (faust may commit past an unacked offset once a later
       one is acked, faust#606; and a marker never lands before its predecessor's).
-    - Keys and fencing. A window's key is (partition, start offset, the consumer-group
+    - Keys and fencing. A window's key is (partition, start offset, the group
       epoch in which the partition was adopted). Window bounds depend on timing (idle and
       memory flushes), so a rewrite after a crash or a rebalance may end elsewhere than the
       first write; instead of relying on equal bounds, readers resolve (sinks/resolve.py): a
