@@ -1,6 +1,8 @@
-"""The docs' lists of registered things come from the registries: a family, a normalization
-profile or an export format registered or removed shows here as a failing test, not as a stale
-page. (The export formats' table in docs/data.md is checked in tests/streams/cli/test_export.py.)"""
+"""The docs name registered things by hand only where a page documents each of them (a
+normalization profile's row in templates.md: a profile registered or removed fails here until
+its row matches); elsewhere they point at `--help`, which the registries write, and a list
+written by hand fails here. (The export formats' table in docs/data.md is checked in
+tests/streams/cli/test_export.py.)"""
 
 from __future__ import annotations
 
