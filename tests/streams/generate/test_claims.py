@@ -16,6 +16,7 @@ from streams.generate.claims import Echo, LedgerClaims, Ticket, Work
 from streams.generate.client import DOWN
 from streams.generate.gate import ServerGate
 from streams.generate.stats import GenerateStats
+from streams.generate.worker import GenerateWorker
 from tests.streams.generate.commit_model import SUCCESS, ConsumerModel, ledger_partition, settle
 from tests.streams.generate.fakes import (
     FakeClient,
@@ -25,6 +26,16 @@ from tests.streams.generate.fakes import (
     run,
     until,
 )
+
+
+def claims_on_a_test_clock(worker: GenerateWorker) -> tuple[LedgerClaims, list[float]]:
+    """The worker's claims, their clock the test's to move (`clock[0]`)."""
+    assert worker.once is not None
+    claims = worker.once.claims
+    assert isinstance(claims, LedgerClaims)
+    clock = [1_000.0]
+    claims.clock = lambda: clock[0]
+    return claims, clock
 
 
 def test_an_owner_claims_its_own_requests_so_a_thief_never_takes_a_running_one() -> None:
@@ -116,11 +127,7 @@ def test_a_claim_read_back_after_it_lapsed_holds_nothing() -> None:
     async def scenario() -> None:
         client, kafka = FakeClient(), FakeKafka()
         worker, ledger = await once_worker(client, kafka, concurrency=1)
-        assert worker.once is not None
-        claims = worker.once.claims
-        assert isinstance(claims, LedgerClaims)
-        clock = [1_000.0]
-        claims.clock = lambda: clock[0]
+        claims, clock = claims_on_a_test_clock(worker)
         send = claims.send
 
         async def slow_send(work: Work, claim: Claim) -> None:
@@ -147,11 +154,7 @@ def test_a_worker_stalled_between_its_claim_and_its_request_sends_no_request() -
     async def scenario() -> None:
         client, kafka = FakeClient(), FakeKafka()
         worker, ledger = await once_worker(client, kafka)
-        assert worker.once is not None
-        claims = worker.once.claims
-        assert isinstance(claims, LedgerClaims)
-        clock = [1_000.0]
-        claims.clock = lambda: clock[0]
+        claims, clock = claims_on_a_test_clock(worker)
         work = worker.once.work_of(b"p", prompt("p"))
         take, send = claims.take, claims.send
         unread: list[tuple[bytes, bytes]] = []  # the other worker's claim, not read here yet
@@ -285,11 +288,7 @@ def test_a_renewal_read_back_late_is_written_again_and_its_request_goes_on() -> 
     async def scenario() -> None:
         client, kafka = FakeClient(), FakeKafka()
         worker, ledger = await once_worker(client, kafka, claim_s=0.03)
-        assert worker.once is not None
-        claims = worker.once.claims
-        assert isinstance(claims, LedgerClaims)
-        clock = [1_000.0]
-        claims.clock = lambda: clock[0]
+        claims, clock = claims_on_a_test_clock(worker)
         work = worker.once.work_of(b"p", prompt("p"))
         ticket = await claims.take(work)
         assert ticket is not None
