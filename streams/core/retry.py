@@ -35,7 +35,8 @@ class Backoff:
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait before retry number `attempt` (1 for the first retry)."""
-        step = min(self.initial_s * 2 ** max(attempt - 1, 0), self.max_s)
+        # the exponent capped: a float overflows at 2**1024 (a server down for half an hour)
+        step = min(self.initial_s * 2 ** min(max(attempt - 1, 0), 64), self.max_s)
         return step * (1.0 - self.jitter * random.random())
 
     async def sleep(self, attempt: int) -> None:

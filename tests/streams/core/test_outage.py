@@ -108,3 +108,12 @@ def test_fausts_no_fetch_diagnostics_after_a_rebalance_are_info_not_errors() -> 
     assert demote.filter(record) and (record.levelno, record.levelname) == (logging.INFO, "INFO")
     other = logging.LogRecord("faust", logging.ERROR, "", 0, "Agent crashed", (), None)
     assert demote.filter(other) and other.levelno == logging.ERROR
+
+
+def test_a_backoff_keeps_its_ceiling_however_many_attempts() -> None:
+    """A server down for half an hour is probed past attempt 1,024: 2.0 ** 1024 overflowed a
+    float and ended the prober, so the gate never opened again."""
+    backoff = Backoff(1.0, 2.0, jitter=0.0)
+    assert backoff.delay(1) == 1.0
+    assert backoff.delay(1025) == 2.0
+    assert backoff.delay(10**6) == 2.0
