@@ -39,7 +39,7 @@ def build_app(settings: EmulatorSettings, model: EmulatedModel | None = None) ->
     app.router.add_get("/stats", _stats)  # the emulator's own counters
     if settings.kind == "vllm":
         # vLLM's api_server: /health (503 while the engine cannot serve), /version
-        app.router.add_get("/health", _health_generate)
+        app.router.add_get("/health", _engine_ready)
         app.router.add_get("/version", _version)
         return app
     app.router.add_post("/generate", handle_generate)
@@ -93,9 +93,14 @@ async def _health(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
-async def _health_generate(request: web.Request) -> web.Response:
-    # SGLang runs one token through the engine; 503 until the model is loaded and warm.
+async def _engine_ready(request: web.Request) -> web.Response:
+    # vLLM's /health generates nothing: 503 only while the engine cannot serve
     return web.Response(status=200 if _engine(request).ready else 503)
+
+
+async def _health_generate(request: web.Request) -> web.Response:
+    # SGLang runs one token through the scheduler: 503 while loading, or after its timeout
+    return web.Response(status=200 if await _engine(request).health_generate() else 503)
 
 
 async def _models(request: web.Request) -> web.Response:

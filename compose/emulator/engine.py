@@ -50,6 +50,10 @@ class Engine:
         )
         self.faults = FaultInjector(settings)
         self.ready_at = 0.0  # monotonic time; set when the server starts
+        # outputs the engine produced, and set at the next one: SGLang's `last_receive_tstamp`,
+        # which its /health_generate compares with the probe's start
+        self.outputs = 0
+        self._output = asyncio.Event()
 
     @property
     def ready(self) -> bool:
@@ -95,6 +99,7 @@ class Engine:
                 await asyncio.sleep(decode_s / 2)
                 raise errors.internal_error("the emulated engine failed", kind=fault.value)
             await asyncio.sleep(decode_s)
+        self._produced()
         self.stats.completed += 1
         self.stats.prompt_tokens += job.prompt_len
         self.stats.completion_tokens += len(generation.output_ids)
@@ -103,6 +108,39 @@ class Engine:
         if fault is Fault.DROP:
             self.stats.errors[fault.value] += 1
         return Outcome(generation, time.monotonic() - start, drop=fault is Fault.DROP)
+
+    async def health_generate(self) -> bool:
+        """SGLang's /health_generate: a 1-token request queued like any other, healthy once the
+        engine produced an output (its own or any request's) since the probe began, within
+        `health_check_timeout_s`. So a server whose every running slot is busy answers only
+        once one frees, and one that produces nothing answers 503."""
+        if not self.ready:
+            return False
+        seen = self.outputs
+        probe = asyncio.ensure_future(self._one_token())
+        try:
+            async with asyncio.timeout(self.settings.health_check_timeout_s):
+                while self.outputs == seen:
+                    await self._output.wait()
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            probe.cancel()
+
+    async def _one_token(self) -> None:
+        tokens_per_s = self.settings.tokens_per_s
+        try:
+            async with self.scheduler.slot():
+                await asyncio.sleep(1 / tokens_per_s if tokens_per_s > 0 else 0)
+        except errors.ApiError:
+            pass  # refused by a full queue: SGLang's abort reaches the tokenizer, an output too
+        self._produced()
+
+    def _produced(self) -> None:
+        self.outputs += 1
+        self._output.set()
+        self._output = asyncio.Event()
 
     def server_info(self) -> dict[str, Any]:
         s = self.settings

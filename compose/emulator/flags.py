@@ -222,6 +222,14 @@ def _serving_flags(parser: argparse.ArgumentParser, d: EmulatorSettings) -> None
         help="seconds /health_generate answers 503 after start, as while loading weights",
     )
     add(
+        "--health-check-timeout-s",
+        type=_SECONDS,
+        default=d.health_check_timeout_s,
+        help="seconds /health_generate waits for the engine's next output before it answers "
+        "503, as SGLang's SGLANG_HEALTH_CHECK_TIMEOUT (a server whose every slot is busy "
+        "answers only once one frees)",
+    )
+    add(
         "--api-key",
         default=None,
         help="require `Authorization: Bearer KEY` on every route but /health*, as SGLang's",
@@ -313,6 +321,7 @@ def _settings(args: argparse.Namespace) -> EmulatorSettings:
         max_running_requests=args.max_running_requests,
         max_queued_requests=args.max_queued_requests,
         startup_delay_s=args.startup_delay_s,
+        health_check_timeout_s=args.health_check_timeout_s,
         api_key=args.api_key,
         auth_status=args.auth_status,
         rate_400_context=args.fail_400_rate,

@@ -60,6 +60,9 @@ class EmulatorSettings:
     max_queued_requests: int = 0
     # seconds /health_generate answers 503 (and generation waits) after start, as while loading
     startup_delay_s: float = 0.0
+    # how long /health_generate waits for the engine's next output before its 503: SGLang's
+    # SGLANG_HEALTH_CHECK_TIMEOUT (a server whose every running slot is busy answers late)
+    health_check_timeout_s: float = 20.0
     # SGLang's --api-key: every route but /health* wants `Authorization: Bearer <key>` and
     # answers 401 without it. A test may change it on a running server (`engine.settings`).
     api_key: str | None = None

@@ -53,6 +53,10 @@ def bundled_tokenizer_dir() -> Path:
 
 # what `run` lets the user set of its tokenize worker (the rest is decided by `run`)
 TOKENIZE_FLAGS = ("measure_drift", "policy")
+# a run stops its workers (Ctrl-C) with 10 s before SIGKILL: each finishes what ends within
+# this, writes the outcome of every answer it has (streams/generate/record.py) and releases the
+# rest, well inside those 10 s; a SIGKILL mid-record would have the prompt generated again
+RUN_DRAIN_S = 3.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -315,6 +319,23 @@ def _version_prompts(plan: _Plan, summary: PublishSummary) -> set[str]:
     return prompts
 
 
+def run_model(first: GenerateSettings) -> dict[str, Any]:
+    """The run's model, which each generate worker checks its server's against at start (one
+    model per run: streams/generate/identity.py): the one `--expect-model` names, else the one
+    the first server serves (waited for, as its worker would)."""
+    if first.expect_model is not None:
+        return {}
+    from streams.core.retry import backoff
+    from streams.generate.client import ask_served_model
+
+    model = asyncio.run(ask_served_model(first, backoff()))
+    return {
+        "expect_model": model.name,
+        "expect_revision": model.revision,
+        "expect_tokenizer": model.tokenizer,
+    }
+
+
 def _start_workers(
     plan: _Plan, stack: LocalStack, kafka: KafkaSettings, servers: list[str]
 ) -> list[ManagedProcess]:
@@ -327,11 +348,19 @@ def _start_workers(
         return stack.start_worker(name, argv, env=worker_env(workdir))
 
     workers = []
+    first = build(GenerateSettings, args, server=servers[0], kafka=kafka, tokenizer_dir=tokenizer)
+    expected = run_model(first)
     for index, server in enumerate(servers):
         name = f"generate-{index}"
         generate = build(
-            GenerateSettings, args, server=server, kafka=kafka, tokenizer_dir=tokenizer
+            GenerateSettings,
+            args,
+            server=server,
+            kafka=kafka,
+            tokenizer_dir=tokenizer,
+            **expected,
         )
+        generate = generate.model_copy(update={"drain_s": min(generate.drain_s, RUN_DRAIN_S)})
         path = write_settings(workdir, name, generate=generate, once=OnceSettings())
         workers.append(start(name, "generate", path))
     tokenize = build(

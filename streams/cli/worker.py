@@ -52,8 +52,14 @@ def run_generate(args: argparse.Namespace) -> int:
     # the replication resolved for this cluster (for faust's own topics too), and the topics'
     # own message limit: the idempotent producer cannot get past a batch the broker refused
     settings = settings.model_copy(update={"kafka": asyncio.run(prepare_topics(settings.kafka))})
-    app, _ = build_generate_app(settings, observe, once)
-    run_worker(app, args.log_level)
+    app, worker = build_generate_app(settings, observe, once)
+    try:
+        run_worker(app, args.log_level)
+    except SystemExit:
+        if worker.refused is None:
+            raise
+    if worker.refused is not None:  # its server serves another model than the run's
+        raise CliError(worker.refused)
     return 0
 
 

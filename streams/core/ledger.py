@@ -34,6 +34,7 @@ from typing import Any
 import orjson
 
 from streams.core import retry
+from streams.core.model_names import model_name
 from streams.core.retry import Backoff, until_done
 from streams.core.settings import GENERATED, KafkaSettings
 from streams.core.topic_reader import TopicReader
@@ -47,9 +48,10 @@ REGENERATE = "regenerate"
 
 def settings_hash(model: str, sampling: dict[str, Any], thinking: bool, regen: str) -> str:
     """What makes two generations of one prompt "the same": model, sampling, thinking, and
-    the regen mode (every-turn yields other outputs than final-turn)."""
+    the regen mode (every-turn yields other outputs than final-turn). The model by its name
+    (`model_name`): servers that name it by the paths of its weights share one claim space."""
     canonical = orjson.dumps(
-        {"model": model, "sampling": sampling, "thinking": thinking, "regen": regen},
+        {"model": model_name(model), "sampling": sampling, "thinking": thinking, "regen": regen},
         option=orjson.OPT_SORT_KEYS,
     )
     return hashlib.sha256(canonical).hexdigest()[:16]
@@ -105,6 +107,22 @@ def outcome_of(work: str) -> str:
     return work.partition(NONCE)[0]
 
 
+# a Failure's kind when its server went down (crashed, was killed or stopped answering) while
+# the work ran there: the prompt may be what took it down
+CRASH = "crash"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A request of a work that ended without an outcome for a reason that may be the prompt's
+    or its server's: a permanent refusal (`kind` is its error's, e.g. `http_404`), or CRASH.
+    Who is to blame is decided from all of them (streams/generate/blame.py)."""
+
+    server: str
+    kind: str
+    at: float
+
+
 @dataclass(frozen=True)
 class Claim:
     """Who requests a prompt, written at `at` and lapsing at `until` (wall clock, seconds since
@@ -121,6 +139,9 @@ class Claim:
     released: bool = False
     at: float = 0.0
     outcome: str | None = None
+    # every failure of the work known to the writer (streams/generate/blame.py): each record
+    # carries them all, so compaction, which keeps a key's last record only, keeps them
+    failures: tuple[Failure, ...] = ()
 
     def encode(self) -> bytes:
         value: dict[str, Any] = {
@@ -132,6 +153,8 @@ class Claim:
         }
         if self.outcome:
             value["outcome"] = self.outcome
+        if self.failures:
+            value["failures"] = [[f.server, f.kind, f.at] for f in self.failures]
         return orjson.dumps(value)
 
     @classmethod
@@ -140,12 +163,17 @@ class Claim:
         try:
             data = orjson.loads(value or b"")
             outcome = data.get("outcome")
+            failures = tuple(
+                Failure(str(server), str(kind), float(at))
+                for server, kind, at in data.get("failures") or ()
+            )
             return cls(
                 str(data["claim"]),
                 float(data["until"]),
                 bool(data.get("released")),
                 float(data.get("at") or 0.0),
                 outcome if outcome in (DONE, DEAD_LETTER) else None,
+                failures,
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
             return None
@@ -195,6 +223,10 @@ class LedgerState:
         self._echoes: dict[tuple[str, str, float], asyncio.Future[bool]] = {}
         # work key -> set at the next record of it (a claim, a release, an outcome)
         self._watched: dict[str, asyncio.Event] = {}
+        # work key -> its failures without an outcome (few prompts have any)
+        self._failures: dict[str, set[Failure]] = {}
+        # worker -> its latest claim's `at` (its wall clock: a coarse "who else is working")
+        self._claimed_at: dict[str, float] = {}
 
     def contains(self, prompt_id: str, settings: str) -> bool:
         return ledger_key(prompt_id, settings) in self.keys
@@ -212,6 +244,14 @@ class LedgerState:
     def holder(self, work: str) -> Claim | None:
         """The claim that holds the work, if any (it may have lapsed: `Claim.holds`)."""
         return self.claims.get(work)
+
+    def failures(self, work: str) -> tuple[Failure, ...]:
+        """The work's failures read so far, oldest first."""
+        return tuple(sorted(self._failures.get(work, ()), key=lambda f: (f.at, f.server)))
+
+    def last_claim_elsewhere(self, worker: str) -> float | None:
+        """When (wall clock) another worker than `worker` last claimed anything."""
+        return max((at for w, at in self._claimed_at.items() if w != worker), default=None)
 
     def claim(self, prompt_id: str, settings: str) -> Claim | None:
         return self.holder(ledger_key(prompt_id, settings))
@@ -257,6 +297,10 @@ class LedgerState:
             event.set()
 
     def _take_claim(self, work: str, claim: Claim) -> None:
+        if claim.failures:
+            self._failures.setdefault(work, set()).update(claim.failures)
+        if not claim.released:
+            self._claimed_at[claim.worker] = max(claim.at, self._claimed_at.get(claim.worker, 0.0))
         holder = self.claims.get(work)
         if claim.released:
             if holder is not None and holder.worker == claim.worker:

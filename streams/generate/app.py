@@ -4,7 +4,10 @@ fair}.py."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +87,12 @@ async def drain(
     await worker.finish_requests(seconds)
 
 
+def stop_refused() -> None:
+    """The server serves another model than the run's (`GenerateWorker.refused`, which the
+    command line says in one line, exit status 2): stop as on SIGTERM, nothing requested."""
+    asyncio.get_running_loop().call_soon(os.kill, os.getpid(), signal.SIGTERM)
+
+
 def build_generate_app(
     settings: GenerateSettings,
     observe: ObserveSettings | None = None,
@@ -118,6 +127,7 @@ def build_generate_app(
         backoff=backoff,
         guard=guard,
         stats=stats,
+        on_refused=stop_refused,
     )
     observe_generate(app, worker, metrics, observe)
     # the partitions' leases (streams/core/leases.py): where each resumes, a seek back over a

@@ -1,7 +1,8 @@
-"""The prompts topic's backlogs as a thief reads them (streams/generate/steal.py): the group's
-committed offsets (an admin call), the partitions' ends and the records at chosen offsets (a
-group-less consumer, so reading never joins nor disturbs the group). The clients are made on
-first use and kept."""
+"""The prompts topic's backlogs as a thief reads them (streams/generate/steal.py): where each
+partition's backlog starts (the group's committed offset, an admin call; the log's start where
+nothing is committed yet or retention deleted it), the partitions' ends and the records at
+chosen offsets (a group-less consumer, so reading never joins nor disturbs the group). The
+clients are made on first use and kept."""
 
 from __future__ import annotations
 
@@ -23,9 +24,26 @@ class KafkaBacklogs:
         self._consumer: AIOKafkaConsumer | None = None
 
     async def committed(self) -> dict[int, int]:
+        """Where each partition's backlog starts: every partition of the topic, also one its
+        owner committed nothing of yet (a server down since the start of a run)."""
         admin = await self._admin_client()
-        offsets = await admin.list_consumer_group_offsets(self.group)
-        return {tp.partition: meta.offset for tp, meta in offsets.items() if tp.topic == self.topic}
+        partitions = [TopicPartition(self.topic, p) for p in await self._partitions(admin)]
+        if not partitions:
+            return {}
+        # named partitions: one without a committed offset comes back as -1, not left out
+        offsets = await admin.list_consumer_group_offsets(self.group, partitions=partitions)
+        consumer = await self._consumer_client()
+        firsts = await consumer.beginning_offsets(partitions)
+        return {
+            tp.partition: max(offsets[tp].offset if tp in offsets else -1, firsts[tp])
+            for tp in partitions
+        }
+
+    async def _partitions(self, admin: AIOKafkaAdminClient) -> list[int]:
+        for described in await admin.describe_topics([self.topic]):
+            if described.get("topic") == self.topic and not described.get("error_code"):
+                return sorted(p["partition"] for p in described.get("partitions") or [])
+        return []  # not there (deleted): nothing to steal
 
     async def ends(self, partitions: list[int]) -> dict[int, int]:
         consumer = await self._consumer_client()

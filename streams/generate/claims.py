@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from streams.core.ledger import Claim, claim_key, work_key
+from streams.core.ledger import Claim, Failure, claim_key, work_key
 from streams.generate.outputs import LedgerMark, Outbox
 from streams.generate.ports import Ledger
 from streams.generate.stats import GenerateStats
@@ -86,9 +86,9 @@ class Held(Protocol):
         """Whether the request may be sent now (called before each request)."""
         ...
 
-    async def release(self, outcome: str | None = None) -> None:
+    async def release(self, outcome: str | None = None, failure: Failure | None = None) -> None:
         """The request ended: with its outcome (DONE, DEAD_LETTER; already recorded) or
-        without (the prompt is free for any worker)."""
+        without (the prompt is free for any worker); `failure`: why, for the ledger."""
         ...
 
 
@@ -181,13 +181,14 @@ class Ticket:
                 self.lost.set()
                 return
 
-    async def release(self, outcome: str | None = None) -> None:
+    async def release(self, outcome: str | None = None, failure: Failure | None = None) -> None:
         """The request ended: with `outcome` (DONE, DEAD_LETTER; already in the ledger), or
-        without (the prompt is free for any worker)."""
+        without (the prompt is free for any worker); `failure` is recorded with the others."""
         self._stop()
         self.claims.held.pop(self.work.key, None)
         now = self.claims.clock()
-        released = Claim(self.claims.worker, now, released=True, at=now, outcome=outcome)
+        failures = self.claims.failures(self.work, failure)
+        released = Claim(self.claims.worker, now, True, now, outcome, failures)
         await self.claims.send(self.work, released)
 
     def _stop(self) -> None:
@@ -251,10 +252,15 @@ class LedgerClaims:
     def holding(self) -> int:
         return len(self.held)
 
+    def failures(self, work: Work, new: Failure | None = None) -> tuple[Failure, ...]:
+        """The work's failures, with `new`: every claim record carries them all."""
+        known = self.ledger.failures(work.key)
+        return known if new is None else (*known, new)
+
     async def write(self, work: Work) -> tuple[Claim, Echo]:
         """Write a claim (or a renewal) and read it back: the claim, and how it came back."""
         now = self.clock()
-        claim = Claim(self.worker, now + self.claim_s, at=now)
+        claim = Claim(self.worker, now + self.claim_s, at=now, failures=self.failures(work))
         echo = self.ledger.expect(work.key, claim)
         try:
             await self.send(work, claim)

@@ -17,6 +17,7 @@ import orjson
 from streams.core.families import GENERIC, family_for_model
 from streams.core.recipes import OPENAI_FIELDS, effective_sampling, effective_thinking
 from streams.core.records import CompletionRecord, PromptRecord
+from streams.core.retry import Backoff, until_done
 from streams.core.serving import ServerNormalization, profile_for_version, profile_named
 from streams.core.settings import GenerateSettings
 from streams.core.tokenizers import load_tokenizer
@@ -30,11 +31,15 @@ from streams.generate.exact_ids import (
     way_of,
 )
 from streams.generate.failures import AUTH_STATUSES, GenerationError, classify, status_error
-from streams.generate.identity import ServerIdentity, ServerRoutes
+from streams.generate.identity import ServedModel, ServerIdentity, ServerRoutes
 from streams.generate.native import NativeChat, NativeError
 from streams.generate.stats import AUTH, DOWN
 
 log = logging.getLogger(__name__)
+
+# the health probe was not answered in time, or answered "not now" (SGLang's 503 after its own
+# wait, a server loading): busy, or hung; the gate tells them apart by progress (gate.py)
+SLOW = "slow"
 
 
 @dataclass(frozen=True)
@@ -97,18 +102,23 @@ class HttpServerClient:
         return {"Authorization": f"Bearer {self.settings.api_key.get_secret_value()}"}
 
     async def unavailable(self) -> str | None:
-        """Why the server cannot take requests now: DOWN, AUTH, or None when it can. SGLang's
-        `--api-key` exempts /health*, so the key is tried on /v1/models, which checks it. vLLM
-        has no /health_generate: its /health says whether the engine serves."""
+        """Why the server cannot take requests now: DOWN (it refuses or resets connections),
+        SLOW (no answer in time, or not a healthy one: SGLang's probe waits for a free slot),
+        AUTH, or None when it can. SGLang's `--api-key` exempts /health*, so the key is tried
+        on /v1/models, which checks it. vLLM has no /health_generate: its /health says whether
+        the engine serves."""
+        timeout = self.settings.health_timeout_s
         try:
-            response = await self._http.get(f"{self.base_url}/health_generate", timeout=10.0)
+            response = await self._http.get(f"{self.base_url}/health_generate", timeout=timeout)
             if response.status_code == 404:
-                response = await self._http.get(f"{self.base_url}/health", timeout=10.0)
+                response = await self._http.get(f"{self.base_url}/health", timeout=timeout)
             if response.status_code != 200:
-                return DOWN
+                return SLOW
             response = await self._http.get(
-                f"{self.base_url}/v1/models", headers=self._auth_headers(), timeout=10.0
+                f"{self.base_url}/v1/models", headers=self._auth_headers(), timeout=timeout
             )
+        except httpx2.TimeoutException:
+            return SLOW
         except httpx2.HTTPError:
             return DOWN
         return AUTH if response.status_code in AUTH_STATUSES else None
@@ -289,6 +299,18 @@ class HttpServerClient:
             normalization=self.normalization.name,
             latency_s=round(time.monotonic() - started, 4),
         )
+
+
+async def ask_served_model(settings: GenerateSettings, backoff: Backoff) -> ServedModel:
+    """The model `settings.server` serves, asked as its worker asks at start, waiting for a
+    server that does not answer yet (`draftgen run` makes its first server's the run's)."""
+    client = HttpServerClient(settings)
+    try:
+        for what, call in (("model", client.discover), ("version", client.use_server_version)):
+            await until_done(f"asking {client.base_url} for its {what}", call, backoff, log)
+        return ServedModel.of(client.model, client.identity.revision, client.identity.tokenizer)
+    finally:
+        await client.close()
 
 
 def _native_message(response: httpx2.Response) -> str:

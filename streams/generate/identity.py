@@ -1,5 +1,11 @@
 """Which server a worker talks to: SGLang or vLLM, its version and the model's revision, read at
-start from the routes where the server describes itself; completions carry it as provenance."""
+start from the routes where the server describes itself; completions carry it as provenance.
+
+One model per run: a worker whose server serves another model, revision or tokenizer than the
+run's (`--expect-model`, `--expect-revision`, `--expect-tokenizer`; `draftgen run` sets them
+from its first server) is refused at start (`refusal`), since its completions would be another
+model's and, under another settings hash, would not coordinate with the others' claims.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,9 @@ from typing import Any
 import httpx2
 import orjson
 
+from streams.core.model_names import model_name
 from streams.core.serving import SGLANG, VLLM
+from streams.core.settings import GenerateSettings
 from streams.generate.capacity import SERVER_INFO_PATHS
 from streams.generate.failures import AUTH_STATUSES, classify, status_error
 
@@ -22,11 +30,54 @@ class ServerIdentity:
     kind: str = SGLANG
     version: str | None = None
     revision: str | None = None  # SGLang's --revision, when it was given
+    tokenizer: str | None = None  # SGLang's --tokenizer-path (its --model-path by default)
 
     def served(self) -> dict[str, Any]:
         """Who answered, for the completion's provenance."""
         served = {"kind": self.kind, "version": self.version}
         return served | ({"revision": self.revision} if self.revision else {})
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """Which model a server serves: its name and its tokenizer's, each a weights path made a
+    name (`model_name`), and its revision when it says one."""
+
+    name: str
+    revision: str | None = None
+    tokenizer: str | None = None
+
+    @classmethod
+    def of(cls, model: str, revision: str | None, tokenizer: str | None) -> ServedModel:
+        tokenizer_name = model_name(tokenizer) if tokenizer else None
+        return cls(model_name(model), revision or None, tokenizer_name)
+
+    @classmethod
+    def expected(cls, settings: GenerateSettings) -> ServedModel | None:
+        """The run's model, None when the worker was told none."""
+        if settings.expect_model is None:
+            return None
+        return cls.of(settings.expect_model, settings.expect_revision, settings.expect_tokenizer)
+
+    def __str__(self) -> str:
+        said = [f"revision {self.revision}"] if self.revision else []
+        said += [f"tokenizer {self.tokenizer}"] if self.tokenizer else []
+        return f"{self.name} ({', '.join(said)})" if said else self.name
+
+
+def refusal(server: str, expected: ServedModel | None, served: ServedModel) -> str | None:
+    """Why a worker must not use `server`, in one line naming both models; None when it serves
+    the run's model (or the run names none). Revision and tokenizer differ only when both
+    sides say one: a server started without --revision may serve any."""
+    if expected is None:
+        return None
+    pairs = ((expected.revision, served.revision), (expected.tokenizer, served.tokenizer))
+    if expected.name == served.name and not any(a and b and a != b for a, b in pairs):
+        return None
+    return (
+        f"server {server} serves {served}, not the run's model {expected}: the workers of a "
+        "run serve one model (--expect-model, --expect-revision, --expect-tokenizer)"
+    )
 
 
 class ServerRoutes:
@@ -47,8 +98,13 @@ class ServerRoutes:
         if not isinstance(version, str):
             version = await self.vllm_version()
             kind = VLLM if version is not None else SGLANG
-        revision = (info or {}).get("revision")
-        return ServerIdentity(kind, version, revision if isinstance(revision, str) else None)
+        revision, tokenizer = (info or {}).get("revision"), (info or {}).get("tokenizer_path")
+        return ServerIdentity(
+            kind,
+            version,
+            revision if isinstance(revision, str) else None,
+            tokenizer if isinstance(tokenizer, str) else None,
+        )
 
     async def server_info(self) -> dict[str, Any] | None:
         """The server's `/server_info` (older servers: `/get_server_info`), None when it has

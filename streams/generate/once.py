@@ -25,34 +25,32 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import time
 import uuid
 
 import orjson
 
-from streams.core.ledger import (
-    DEAD_LETTER,
-    DONE,
-    REGENERATE,
-    dead_key,
-    ledger_key,
-    ledger_value,
-    settings_hash,
-)
+from streams.core.ledger import CRASH, REGENERATE, Failure, settings_hash
 from streams.core.recipes import Policy, effective_sampling, effective_thinking
 from streams.core.record_fields import RecordError
 from streams.core.settings import GenerateSettings
 from streams.core.turns import FINAL
+from streams.generate import blame
 from streams.generate.claims import Held, LedgerClaims, Work, WorkQueue
-from streams.generate.outputs import Completion, LedgerMark, Letter, Output
+from streams.generate.outputs import Letter, Output
 from streams.generate.ports import Gate, Ledger, ServerClient
+from streams.generate.record import Recorder
 from streams.generate.slots import Slots
-from streams.generate.stage import GenerateStage, Owned
+from streams.generate.stage import GenerateStage, Owned, Refused
 from streams.generate.stats import GenerateStats
 
 log = logging.getLogger(__name__)
 
 # seconds a drain gives the claims of requests it cut off to be released (they lapse otherwise)
 RELEASE_S = 5.0
+# claim times without another worker's claim after which a worker is alone (blame.py, rule 1):
+# a worker with a free slot steals a free prompt long before
+LONE_CLAIMS = 4
 
 
 def prompt_mode(value: bytes) -> tuple[str, str, Policy | None]:
@@ -74,7 +72,12 @@ def prompt_mode(value: bytes) -> tuple[str, str, Policy | None]:
 
 
 class Interrupted(Exception):
-    """A request ended before its answer: the gate closed or the claim was lost."""
+    """A request ended before its answer: the gate closed or the claim was lost; `failure`:
+    its server went down under it (streams/generate/blame.py)."""
+
+    def __init__(self, failure: Failure | None = None):
+        super().__init__()
+        self.failure = failure
 
 
 class OnceStage:
@@ -103,6 +106,12 @@ class OnceStage:
         # work key -> done: a copy of the prompt claims or requests here
         self._running: dict[str, asyncio.Future[None]] = {}
         self.draining = False  # SIGTERM: stolen prompts not requesting stop
+        # one suspect at a time (blame.py, rule 3); refusals in a row close the gate (rule 4)
+        self._suspects = asyncio.Lock()
+        self.refusals = blame.RefusalWatch(gate.refusing)
+        # no other worker claiming for this long: nobody else to ask (blame.py, rule 1)
+        self.lone_s = LONE_CLAIMS * settings.claim_s
+        self.recorder = Recorder(stage, ledger, self.claims, client.base_url)
 
     def settings_key(self, regen: str, policy: Policy | None = None) -> str:
         """The ledger's settings of a prompt: what the worker sends for it (its own settings,
@@ -116,9 +125,23 @@ class OnceStage:
         return Work(key.decode("utf-8", "replace"), self.settings_key(regen, policy), nonce)
 
     def spoken_for(self, prompt_id: str, value: bytes) -> bool:
-        """Settled, or held by another worker's claim: not for a thief."""
+        """Settled, held by another worker's claim, refused by this server, or a suspect while
+        one runs here (blame.py): not for a thief now."""
         work = self.work_of(prompt_id.encode(), value)
-        return self.claims.settled(work) or self.claims.held_elsewhere(work) is not None
+        return (
+            self.claims.settled(work)
+            or self.claims.held_elsewhere(work) is not None
+            or self._for_another(work)
+            or (self._suspects.locked() and blame.suspect(self.ledger.failures(work.key)))
+        )
+
+    def _for_another(self, work: Work) -> bool:
+        """Refused by this server before, while other workers can take it (blame.py, rule 1)."""
+        refused = blame.refused_here(self.ledger.failures(work.key), self.client.base_url)
+        return refused and not self._alone()
+
+    def _alone(self) -> bool:
+        return blame.alone(self.ledger.last_claim_elsewhere(self.worker_id), self.lone_s)
 
     def requesting(self, key: bytes | None, raw: bytes) -> bool:
         return key is not None and self.work_of(key, raw).key in self._running
@@ -177,84 +200,84 @@ class OnceStage:
                     waited = True
                 await self.claims.until_changed(work)
                 continue
-            if not await self._slot(work, own=not stolen):
-                continue  # news of the prompt first: look again
-            try:
-                if work.key in self._running or not owned():
-                    continue
-                completed = await self._claimed_request(key, value, work)
-            finally:
-                self.slots.release()
+            if self._for_another(work):
+                if stolen:
+                    return False
+                with contextlib.suppress(TimeoutError):  # until news, or nobody else is left
+                    await asyncio.wait_for(self.ledger.watch(work.key).wait(), self.lone_s)
+                continue
+            suspect = blame.suspect(self.ledger.failures(work.key))
+            if suspect and stolen and self._suspects.locked():
+                return False
+            async with self._suspects if suspect else contextlib.nullcontext():
+                completed = await self._in_slot(key, value, work, owned, stolen)
             if completed is not None:
                 return completed
 
-    async def _slot(self, work: Work, own: bool) -> bool:
-        """A request slot (true), or the ledger's next record of the work first (false)."""
-        slot = asyncio.ensure_future(self.slots.acquire(own))
-        news = asyncio.ensure_future(self.ledger.watch(work.key).wait())
+    async def _in_slot(
+        self, key: bytes, value: bytes, work: Work, owned: Owned, stolen: bool
+    ) -> bool | None:
+        """The claimed request in a request slot; None: look again."""
+        if not await slot_or_news(self.slots, self.ledger, work, own=not stolen):
+            return None  # news of the prompt first: look again
         try:
-            await asyncio.wait({slot, news}, return_when=asyncio.FIRST_COMPLETED)
-            news.cancel()
-            if not slot.done():
-                slot.cancel()  # a slot granted as it is cancelled is given back by `acquire`
-                await asyncio.wait([slot])
-        except BaseException:  # cancelled (revoked, or the worker stops): keep no slot
-            news.cancel()
-            slot.cancel()
-            if slot.done() and not slot.cancelled() and slot.exception() is None:
-                self.slots.release()
-            raise
-        return not slot.cancelled() and slot.exception() is None
+            if work.key in self._running or not owned():
+                return None
+            return await self._claimed_request(key, value, work)
+        finally:
+            self.slots.release()
 
     async def _claimed_request(self, key: bytes, value: bytes, work: Work) -> bool | None:
-        """Claim, request, deliver, record, release: whether it completed; None when the claim
-        was not won or the request ended early (the caller looks again)."""
+        """Claim, request, then record (deliver, mark, release): whether it completed; None
+        when the claim was not won or the request ended early (the caller looks again)."""
         done = asyncio.get_running_loop().create_future()
         self._running[work.key] = done
         ticket: Held | None = None
-        outcome: str | None = None
+        failure: Failure | None = None
         try:
             ticket = await self.claims.take(work)
             if ticket is None:
                 return None
             try:
                 outputs = await self._request(ticket, key, value)
-            except Interrupted:
-                return None
-            prompt_id, settings = work.prompt_id, work.settings
-            # a completion recorded meanwhile (a lapsed claim's late twin): no dead letter; a
-            # --regenerate publish needs an outcome of its own whatever was generated before
-            keep = not (
-                self.claims.settled(work)
-                if work.nonce
-                else self.ledger.contains(prompt_id, settings)
-            )
-            if not keep:
-                outputs = [o for o in outputs if not isinstance(o, Letter)]
-            delivered = [await self.stage.deliver(o, value, prompt_id, keep) for o in outputs]
-            completed = any(isinstance(o, Completion) for o in delivered)
-            dead = any(isinstance(o, Letter) for o in delivered)
-            record = ledger_value(prompt_id, settings, self.client.base_url)
-            if completed:
-                await self.stage.outbox.send(
-                    LedgerMark(ledger_key(prompt_id, settings).encode(), record)
-                )
-                self.ledger.add(prompt_id, settings)
-                outcome = DONE
-            elif dead:
-                await self.stage.outbox.send(
-                    LedgerMark(dead_key(prompt_id, settings).encode(), record)
-                )
-                self.ledger.add_dead(prompt_id, settings)
-                outcome = DEAD_LETTER
-            return completed
+                self.refusals.answered()
+            except Interrupted as stop:
+                if stop.failure is None:
+                    return None  # the claim was lost, or the server refuses the key
+                failure = stop.failure
+            except Refused as refused:
+                failure = Failure(self.client.base_url, refused.error.kind, time.time())
+                self.refusals.refused(refused.error.kind)
+            if failure is not None:
+                letter = self._blamed(work, value, failure)
+                if letter is None:
+                    return None  # released with the failure: for another server
+                outputs = [letter]
+            held, ticket = ticket, None  # released by the recording, whatever happens here
+            return await self.recorder.record(held, work, value, outputs, failure)
         finally:
             try:
                 if ticket is not None:
-                    await ticket.release(outcome)
+                    await ticket.release(None, failure)
             finally:  # also when cancelled while releasing (the worker stops)
                 del self._running[work.key]
                 done.set_result(None)
+
+    def _blamed(self, work: Work, value: bytes, failure: Failure) -> Letter | None:
+        """The prompt's dead letter when its failures, with this one, are its own fault
+        (streams/generate/blame.py); None: it goes back to be tried by another server."""
+        failures = (*self.ledger.failures(work.key), failure)
+        blamed = blame.verdict(failures, self._alone())
+        if blamed is None:
+            log.info(
+                "%s failed on %s (%s); another server tries it",
+                work.prompt_id,
+                failure.server,
+                failure.kind,
+            )
+            return None
+        kind, reason = blamed
+        return self.stage.dead_letter(kind, reason, value, work.prompt_id)
 
     async def _request(self, ticket: Held, key: bytes, value: bytes) -> list[Output]:
         """The prompt's outputs, unless the gate closes or the claim is lost first."""
@@ -263,21 +286,21 @@ class OnceStage:
             if not await ticket.current():
                 raise Interrupted
 
-        request = asyncio.ensure_future(self.stage.outputs(key, value, still_held))
-        ends = [
-            asyncio.ensure_future(ticket.lost.wait()),
-            asyncio.ensure_future(self.gate.wait_closed()),
-        ]
+        request = asyncio.ensure_future(self.stage.outputs(key, value, still_held, True))
+        lost = asyncio.ensure_future(ticket.lost.wait())
+        closed = asyncio.ensure_future(self.gate.wait_closed())
         try:
-            await asyncio.wait([request, *ends], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([request, lost, closed], return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for end in ends:
+            for end in (lost, closed):
                 end.cancel()
             if not request.done():
                 request.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await request
         if request.cancelled():
+            if closed.done() and not closed.cancelled() and self.gate.crashed():
+                raise Interrupted(Failure(self.client.base_url, CRASH, time.time()))
             raise Interrupted
         return request.result()
 
@@ -300,5 +323,28 @@ class OnceStage:
             )
             await self.claims.release_all(RELEASE_S)
 
+    async def recorded(self, timeout: float) -> None:
+        """The worker stops: outcomes being recorded are written first (Kafka writes only)."""
+        await self.recorder.finished(timeout)
+
     def stop(self) -> None:
         self.claims.stop()
+
+
+async def slot_or_news(slots: Slots, ledger: Ledger, work: Work, own: bool) -> bool:
+    """A request slot (true), or the ledger's next record of the work first (false)."""
+    slot = asyncio.ensure_future(slots.acquire(own))
+    news = asyncio.ensure_future(ledger.watch(work.key).wait())
+    try:
+        await asyncio.wait({slot, news}, return_when=asyncio.FIRST_COMPLETED)
+        news.cancel()
+        if not slot.done():
+            slot.cancel()  # a slot granted as it is cancelled is given back by `acquire`
+            await asyncio.wait([slot])
+    except BaseException:  # cancelled (revoked, or the worker stops): keep no slot
+        news.cancel()
+        slot.cancel()
+        if slot.done() and not slot.cancelled() and slot.exception() is None:
+            slots.release()
+        raise
+    return not slot.cancelled() and slot.exception() is None

@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
-from streams.core.ledger import Claim
+from streams.core.ledger import Claim, Failure
 from streams.core.records import CompletionRecord, PromptRecord
 from streams.core.serving import ServerNormalization
 from streams.generate.exact_ids import IdsWay
+from streams.generate.identity import ServerIdentity
 
 
 class Named(Protocol):
@@ -36,6 +37,10 @@ class ServerClient(Protocol):
 
     async def discover(self) -> None: ...
     async def use_server_version(self) -> ServerNormalization: ...
+    # what the server said it is (its revision, its tokenizer), once asked
+    @property
+    def identity(self) -> ServerIdentity: ...
+
     async def probe_ids(self) -> IdsWay | None: ...
     async def max_running_requests(self) -> int | None: ...
     async def unavailable(self) -> str | None:
@@ -70,6 +75,14 @@ class Ledger(Protocol):
         ...
 
     def forget(self, work: str, claim: Claim) -> None: ...
+    def failures(self, work: str) -> tuple[Failure, ...]:
+        """The work's failures without an outcome (streams/generate/blame.py), oldest first."""
+        ...
+
+    def last_claim_elsewhere(self, worker: str) -> float | None:
+        """When (wall clock) another worker last claimed anything."""
+        ...
+
     def watch(self, work: str) -> asyncio.Event:
         """Set at the next record of the work read."""
         ...
@@ -85,6 +98,16 @@ class Gate(Protocol):
 
     async def pause(self, reason: str) -> None:
         """Close the gate for `reason` until the server is healthy again (probed by one task)."""
+        ...
+
+    def crashed(self) -> bool:
+        """Whether the gate is closed because the server went down or stopped answering (not
+        for its credentials): the requests it ended are each a crash (blame.py)."""
+        ...
+
+    def refusing(self, kind: str) -> None:
+        """The server fails every request for good (`kind`): take no new requests for a
+        while, then try one (blame.py, rule 4); running requests go on."""
         ...
 
     async def unavailable(self) -> str | None: ...

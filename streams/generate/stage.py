@@ -33,6 +33,16 @@ log = logging.getLogger(__name__)
 
 STAGE = "generate"
 
+
+class Refused(Exception):
+    """A request the server failed for good (`error`), raised instead of its dead letter when
+    the caller decides who is to blame (streams/generate/blame.py)."""
+
+    def __init__(self, error: GenerationError):
+        super().__init__(str(error))
+        self.error = error
+
+
 Owned = Callable[[], bool]
 # awaited before each request to the server; raises to end the prompt's requests there (its
 # claim is no longer held: streams/generate/once.py)
@@ -101,20 +111,26 @@ class GenerateStage:
                 )
 
     async def outputs(
-        self, key: bytes | None, value: bytes, before: BeforeRequest | None = None
+        self,
+        key: bytes | None,
+        value: bytes,
+        before: BeforeRequest | None = None,
+        defer_refusals: bool = False,
     ) -> list[Output]:
-        """Every output of one prompt, for the caller to deliver: one, or one per turn."""
-        outputs = await self._outputs(key, value, before)
+        """Every output of one prompt, for the caller to deliver: one, or one per turn.
+        `defer_refusals`: a request the server fails for good raises `Refused` (no output, for
+        any turn) instead of becoming the prompt's dead letter."""
+        outputs = await self._outputs(key, value, before, defer_refusals)
         return [self._fitting(output, value) for output in outputs]
 
     async def _outputs(
-        self, key: bytes | None, value: bytes, before: BeforeRequest | None
+        self, key: bytes | None, value: bytes, before: BeforeRequest | None, defer: bool
     ) -> list[Output]:
         planned = regen.conversation_to_regenerate(value)
         if planned is None:
-            return [await self.process(key, value, before)]
+            return [await self.process(key, value, before, defer)]
         outputs: list[Output] = []
-        generate = functools.partial(self._generate, before=before)
+        generate = functools.partial(self._generate, before=before, defer=defer)
         for outcome in await regen.regenerate_turns(*planned, generate):
             if isinstance(outcome, regen.TurnFailure):
                 payload, pid = outcome.payload.encode(), outcome.prompt_id
@@ -125,7 +141,11 @@ class GenerateStage:
         return outputs
 
     async def process(
-        self, key: bytes | None, value: bytes, before: BeforeRequest | None = None
+        self,
+        key: bytes | None,
+        value: bytes,
+        before: BeforeRequest | None = None,
+        defer: bool = False,
     ) -> Output:
         """One prompt's completion, or its dead letter."""
         try:
@@ -135,7 +155,7 @@ class GenerateStage:
         except RecordError as err:
             return self.dead_letter(err.kind, err.message, value, _prompt_id(key))
         try:
-            completion = await self._generate(prompt, before)
+            completion = await self._generate(prompt, before, defer)
         except GenerationError as err:
             return self.dead_letter(err.kind, err.message, value, prompt.prompt_id)
         self._completed(completion)
@@ -146,7 +166,7 @@ class GenerateStage:
         self.stats.output_tokens += int(completion.usage.get("completion_tokens") or 0)
 
     async def _generate(
-        self, prompt: PromptRecord, before: BeforeRequest | None = None
+        self, prompt: PromptRecord, before: BeforeRequest | None = None, defer: bool = False
     ) -> CompletionRecord:
         attempts = 0
         while True:
@@ -162,6 +182,8 @@ class GenerateStage:
                     await self.gate.pause(AUTH)
                     continue
                 if not err.transient:
+                    if defer:
+                        raise Refused(err) from None
                     raise
                 problem = await self.gate.unavailable()
                 if problem is not None:
@@ -170,11 +192,12 @@ class GenerateStage:
                     continue
                 attempts += 1
                 if attempts >= self.settings.max_attempts:
-                    raise GenerationError(
+                    exhausted = GenerationError(
                         "retries_exhausted",
                         f"{err.kind} after {attempts} attempts: {err.message}",
                         transient=False,
-                    ) from None
+                    )
+                    raise (Refused(exhausted) if defer else exhausted) from None
                 self.stats.retries += 1
                 await self.backoff.sleep(attempts)
 
@@ -219,4 +242,4 @@ def _prompt_id(key: bytes | None) -> str | None:
     return key.decode("utf-8", "replace") if key else None
 
 
-__all__ = ["STAGE", "BeforeRequest", "GenerateStage", "Owned"]
+__all__ = ["STAGE", "BeforeRequest", "GenerateStage", "Owned", "Refused"]

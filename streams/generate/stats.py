@@ -19,6 +19,9 @@ from streams.observe.figures import (
 # the client, so what reads the figures (status, the console) does not import the client
 DOWN = "down"
 AUTH = "auth"  # it refuses our API key (401) or what the key may do (403)
+# it fails every request for good (a wrong served model name: 404 to everything): no new
+# requests for a while, running ones go on (streams/generate/blame.py, rule 4)
+REFUSING = "refusing"
 
 
 def _is_auth(paused_for: str) -> float:
@@ -39,6 +42,12 @@ class GenerateStats:
         key="paused_auth",
         default="",
         value=_is_auth,
+    )
+    refusing: bool = figure(
+        "draftgen_generate_refusing",
+        "1 while the server fails every request for good (no new requests go to it)",
+        "gauge",
+        default=False,
     )
     # counted by the timed client around each request (streams/generate/timed.py)
     requests: int = figure("draftgen_generate_requests", "requests sent, retries included")

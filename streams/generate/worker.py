@@ -7,7 +7,8 @@
   is generated once, by one worker at a time;
 - the intake (streams/generate/intake.py): the in-flight window, ordered acks, revocation.
 
-The worker starts them (asks its server for its model, version, token ids and concurrency),
+The worker starts them (asks its server for its model, version, token ids and concurrency;
+a server serving another model than the run's is refused: streams/generate/identity.py),
 takes prompts (`submit`), forgets revoked partitions, and is a stealer's thief
 (streams/generate/steal.py). Its collaborators (the server client, the ledger, the crash guard)
 are Protocols (streams/generate/ports.py): unit tests pass fakes.
@@ -28,6 +29,7 @@ from streams.core.serving import VLLM
 from streams.core.settings import GenerateSettings, generate_window
 from streams.generate.exact_ids import IdsWay
 from streams.generate.gate import ServerGate
+from streams.generate.identity import ServedModel, refusal
 from streams.generate.intake import Intake
 from streams.generate.once import OnceStage
 from streams.generate.outputs import Outbox, Topics
@@ -39,6 +41,10 @@ from streams.generate.stats import GenerateStats
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# seconds a stop waits for the outcomes of finished requests to be written (Kafka writes only:
+# streams/generate/record.py); `draftgen run` gives its workers 10 s in all
+RECORD_S = 5.0
 
 __all__ = ["GenerateStats", "GenerateWorker", "generate_backoff", "ids_note", "log_ids_way"]
 
@@ -87,9 +93,8 @@ def generate_backoff(settings: GenerateSettings) -> Backoff:
     return Backoff(settings.backoff_initial_s, settings.backoff_max_s)
 
 
-def _report_failed_start(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("the generate worker failed to start", exc_info=task.exception())
+class Refused(Exception):
+    """The server serves another model than the run's: the worker must not use it."""
 
 
 class GenerateWorker:
@@ -106,6 +111,7 @@ class GenerateWorker:
         ledger_topic: str = "",
         guard: PoisonCheck | None = None,
         stats: GenerateStats | None = None,
+        on_refused: Callable[[], None] | None = None,
     ):
         self.settings = settings
         self.client = client
@@ -114,7 +120,7 @@ class GenerateWorker:
         # probes of a down server: backing off, but never more than `health_interval_s` apart,
         # so the worker resumes soon after the server is back
         probes = Backoff(settings.backoff_initial_s, settings.health_interval_s)
-        self.gate = ServerGate(client, self.stats, probes)
+        self.gate = ServerGate(client, self.stats, probes, settings.health_stall_s)
         # requests in flight; with --concurrency auto, the server's cap once start() read it
         self.slots = Slots(settings.starting_concurrency, self.gate.wait_open, self.stats)
         self.broker = Outage("broker", log)
@@ -133,6 +139,10 @@ class GenerateWorker:
         self.intake = Intake(self.once or self.stage, window, self.stats, guard)
         self._starting: asyncio.Task[None] | None = None
         self._watching: asyncio.Task[None] | None = None
+        # why the server was refused at start (`Refused`); then `on_refused` (the app stops),
+        # else it is logged
+        self.refused: str | None = None
+        self.on_refused = on_refused
 
     @property
     def concurrency(self) -> int:
@@ -152,7 +162,8 @@ class GenerateWorker:
         await asyncio.gather(self.ledger.start(), self._start_server())
 
     async def _start_server(self) -> None:
-        """Wait for the server to answer, learn its model, then let the intake take prompts."""
+        """Wait for the server to answer, learn its model, then let the intake take prompts;
+        a server that serves another model than the run's raises Refused."""
         url = self.client.base_url
         await self._ask(f"asking {url} for its model", self.client.discover)
         normalization = await self._ask(
@@ -166,6 +177,12 @@ class GenerateWorker:
             normalization.name,
             " (forced by --normalization)" if self.settings.normalization else "",
         )
+        # one model per run: another model's answers would mix in, claimed apart from the run's
+        said = self.client.identity
+        served = ServedModel.of(self.client.model, said.revision, said.tokenizer)
+        self.refused = refusal(url, ServedModel.expected(self.settings), served)
+        if self.refused is not None:
+            raise Refused(self.refused)
         way = await self._ask(f"asking {url} for token ids", self.client.probe_ids)
         log_ids_way(url, way)
         self.stats.exact_ids = ids_note(way)
@@ -180,7 +197,7 @@ class GenerateWorker:
             self.concurrency,
         )
         self.gate.open()
-        # a server that stops answering while requests run (hung, SIGSTOP) closes the gate
+        # a server that stops answering while requests run holds the gate (hung: closes it)
         self._watching = asyncio.create_task(
             self.gate.watch(self.settings.health_watch_s, self.slots.busy)
         )
@@ -209,7 +226,18 @@ class GenerateWorker:
         asked while the consumer joins its group, not after (Faust starts app tasks only then)."""
         if self._starting is None:
             self._starting = asyncio.create_task(self.start())
-            self._starting.add_done_callback(_report_failed_start)
+            self._starting.add_done_callback(self._failed_start)
+
+    def _failed_start(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or (err := task.exception()) is None:
+            return
+        if isinstance(err, Refused):  # one line, no traceback: the operator's to fix
+            if self.on_refused is not None:
+                self.on_refused()
+            else:
+                log.error("%s", err)
+        else:
+            log.error("the generate worker failed to start", exc_info=err)
 
     def starting(self) -> asyncio.Task[None] | None:
         return self._starting
@@ -224,6 +252,7 @@ class GenerateWorker:
                 task.cancel()
         self.intake.stop()
         if self.once is not None:
+            await self.once.recorded(RECORD_S)
             self.once.stop()
         self.gate.close()
         await self.client.close()
@@ -266,6 +295,10 @@ class GenerateWorker:
 
     def free_slots(self) -> int:
         return self.slots.free()
+
+    def settled(self, prompt_id: str, value: bytes) -> bool:
+        once = self.once
+        return once is not None and once.claims.settled(once.work_of(prompt_id.encode(), value))
 
     def spoken_for(self, prompt_id: str, value: bytes) -> bool:
         return self.once is not None and self.once.spoken_for(prompt_id, value)

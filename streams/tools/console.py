@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from streams.core.settings import KafkaSettings
-from streams.generate.stats import AUTH, DOWN
+from streams.generate.stats import AUTH, DOWN, REFUSING
 from streams.observe.heartbeat import Heartbeat, HeartbeatReader
 from streams.tools import worker_figures as fig
 
@@ -50,13 +50,7 @@ class ConsoleWatch:
         for beat in live:
             by_server.setdefault(beat.label, []).append(beat)
         for server, beats in sorted(by_server.items()):
-            state = (
-                AUTH
-                if any(b.figure(fig.PAUSED_AUTH) for b in beats)
-                else DOWN
-                if any(b.figure(fig.PAUSED) for b in beats)
-                else ""
-            )
+            state = fig.paused_state(beats)
             said = self._paused.get(server, "")
             if state != said:
                 out.append(_pause_line(server, state, said, now))
@@ -101,6 +95,11 @@ def _pause_line(server: str, state: str, said: str, now: float) -> str:
         return (
             f"server {server} refuses the API key (HTTP 401/403): its worker waits; set "
             "DRAFTGEN_API_KEY (or OPENAI_API_KEY) to the server's --api-key"
+        )
+    if state == REFUSING:
+        return (
+            f"server {server} fails every request for good ({_clock(now)}): it takes no new "
+            "prompts and dead-letters none; check its served model name and its log"
         )
     if state == DOWN:
         return (

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from streams.generate.stats import AUTH, DOWN
 from streams.observe.figures import Figure
 from streams.observe.heartbeat import Heartbeat
 from streams.tools import worker_figures as fig
@@ -194,9 +193,7 @@ def server_rows(beats: Iterable[Heartbeat], now: float) -> list[ServerRow]:
 
 
 def _paused_for(live: Sequence[Heartbeat]) -> str | None:
-    if any(b.figure(fig.PAUSED_AUTH) for b in live):
-        return AUTH
-    return DOWN if any(b.figure(fig.PAUSED) for b in live) else None
+    return fig.paused_state(live) or None
 
 
 def tokenizer_rows(beats: Iterable[Heartbeat], now: float) -> list[TokenizerRow]:

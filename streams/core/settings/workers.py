@@ -58,6 +58,29 @@ class GenerateSettings(Settings):
     sampling: SamplingSettings = setting(default_factory=lambda: SamplingSettings())
     # None: ask the server which model it serves
     model: str | None = setting(None, cli=True, help="served model name (default: ask the server)")
+    # one model per run (streams/generate/identity.py): a server serving another model, revision
+    # or tokenizer is refused at start. None: any model. `run` sets them from its first server
+    expect_model: str | None = setting(
+        None,
+        cli=True,
+        help="a generate worker refuses to start unless its server serves this model (a weights "
+        "path counts as its last component, or org/name of a Hugging Face cache path; default: "
+        "any; run: its first server's)",
+        metavar="NAME",
+    )
+    expect_revision: str | None = setting(
+        None,
+        cli=True,
+        help="with --expect-model: refuse a server that reports another revision",
+        metavar="REVISION",
+    )
+    expect_tokenizer: str | None = setting(
+        None,
+        cli=True,
+        help="with --expect-model: refuse a server that reports another tokenizer (a path counts "
+        "as for --expect-model)",
+        metavar="NAME",
+    )
     # family name whose thinking kwarg is sent; None: detect from the model name
     family: FamilyName | None = setting(
         None,
@@ -115,19 +138,34 @@ class GenerateSettings(Settings):
         "to other workers (a server that is down ends them at once)",
         ge=0,
     )
-    # while requests run, the server is probed this often: one that leaves two probes in a row
-    # unanswered (hung, SIGSTOP) closes the gate, and its requests' prompts go to other servers
+    # while requests run, the server is probed this often (streams/generate/gate.py): a probe
+    # that fails stops new requests; the running ones end only if the server refuses
+    # connections or makes no progress (below)
     health_watch_s: float = setting(
         5.0,
         cli=True,
-        help="probe the server every S seconds while requests run; one that does not answer "
-        "pauses the worker and its prompts go to other servers",
+        help="probe the server every S seconds while requests run; while it does not answer, "
+        "it gets no new requests",
+        gt=0,
+    )
+    # a server whose probe fails and that has finished no request (and answered no probe) for
+    # this long is taken for hung (SIGSTOP, a hung collective): its requests end and go to other
+    # servers. Above the time a busy server can go without finishing one (few slots and long
+    # answers, the first answers of a run), since ending them throws their work away
+    health_stall_s: float = setting(
+        120.0,
+        cli=True,
+        help="a server whose health probe fails and that finished no request for S seconds is "
+        "taken for hung: its running requests go to other servers",
         gt=0,
     )
     backoff_initial_s: float = setting(1.0, gt=0)
     backoff_max_s: float = setting(60.0, gt=0)
     # longest gap between two health probes of a server that is down
     health_interval_s: float = setting(2.0, gt=0)
+    # each health probe's wait for its answer; one not answered in time is "slow" (busy or
+    # hung), not "down" (SGLang's own probe waits up to 20 s for a free slot, then says 503)
+    health_timeout_s: float = setting(10.0, gt=0)
     # static membership (streams/core/membership.py): a restart with the same id takes its old
     # place and partitions without a rebalance. None: this host, the server and the first slot
     # free on this host for that server (a lock file in --state-dir), unless turned off below

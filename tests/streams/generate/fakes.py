@@ -21,6 +21,7 @@ from streams.core.serving import NEWEST, ServerNormalization
 from streams.core.settings import GenerateSettings, KafkaSettings
 from streams.generate.client import AUTH, DOWN, GenerationError, status_error
 from streams.generate.exact_ids import NO_IDS, IdsWay
+from streams.generate.identity import ServerIdentity
 from streams.generate.ports import Ledger, PoisonCheck, ServerClient
 from streams.generate.worker import GenerateWorker, generate_backoff
 from tests.fakes import TP, FakeEvent, Message
@@ -84,13 +85,15 @@ class FakeClient:
         self.closed = False
         self.server_version: str | None = None
         self.server_kind = "sglang"
+        self.served = "fake-model"  # the model name /v1/models answers
+        self.identity = ServerIdentity()
 
     async def discover(self) -> None:
         self._check_key()
         if self.discover_failures:
             self.discover_failures -= 1
             raise ConnectionError("connection refused")
-        self.model = "fake-model"
+        self.model = self.served
 
     async def unavailable(self) -> str | None:
         self.probes += 1

@@ -12,7 +12,7 @@ import pytest
 
 from streams.core.records import PromptRecord
 from streams.core.settings import GenerateSettings, KafkaSettings
-from streams.generate.client import AUTH, DOWN, HttpServerClient
+from streams.generate.client import AUTH, SLOW, HttpServerClient
 from streams.generate.worker import GenerateWorker, generate_backoff
 from tests.polling import wait_for_async
 
@@ -44,7 +44,7 @@ def test_the_probe_tries_the_key_since_health_needs_none(start_emulator: StartEm
             emu.engine.settings.api_key = WORKER_KEY
             assert await client.unavailable() is None
             emu.engine.ready_at = float("inf")  # loading: /health_generate answers 503
-            assert await client.unavailable() == DOWN
+            assert await client.unavailable() == SLOW  # it answers: not down, not ready either
             await client.close()
 
     asyncio.run(scenario())

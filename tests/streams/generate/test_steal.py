@@ -1,6 +1,7 @@
 """Stealing (streams/generate/steal.py): stolen prompts are claimed, generated and recorded but
 never acked; a worker is idle once it has a free slot and nothing of its own; the stealer's loop
-and what a thief takes, against fake backlogs."""
+and what a thief takes, against fake backlogs: also a worker that owns no partition, and a prompt
+found held elsewhere, taken once its holder lets it go."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from streams.core.settings import OnceSettings
 from streams.generate.client import GenerationError
 from streams.generate.stats import generate_figures
 from streams.generate.steal import Stealer
+from tests.streams.generate.commit_model import SUCCESS, ConsumerModel
 from tests.streams.generate.fakes import (
     COMPLETIONS,
     LEDGER,
@@ -261,5 +263,97 @@ def test_looks_failing_through_a_broker_outage_are_one_line_and_one_when_they_wo
         assert said[0].startswith("stealing failing since") and "node 1 not ready" in said[0]
         assert said[1] == f"stealing works again after 0 s ({failures} failures)"
         await worker.stop()
+
+    run(scenario)
+
+
+def test_a_worker_that_owns_no_partition_steals_from_every_backlog() -> None:
+    """More workers than partitions, or one that joined late: it has no backlog of its own, yet
+    its server's slots take the others' prompts."""
+
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        worker, _ = await once_worker(client, kafka, concurrency=2)
+        backlogs = FakeBacklogs({0: 0, 1: 5}, {0: 3, 1: 5})  # partition 1: nothing left
+        stealer = Stealer(worker, backlogs, OnceSettings(), lambda: set())
+
+        assert await stealer.steal_once() == 2
+        assert backlogs.reads == [(0, {1, 2})]
+        await until(lambda: worker.stats.stolen == 2, "both generated here")
+        assert sorted(kafka.sent_to(COMPLETIONS)) == ["p0-1", "p0-2"]
+        await worker.stop()
+
+    run(scenario)
+
+
+def test_a_prompt_held_elsewhere_when_looked_at_is_taken_once_its_holder_lets_go() -> None:
+    """The review's sequence: a thief looks at a backlog while its owner runs one of those
+    prompts; then the owner's server dies and gives it back: the thief's next look takes it,
+    rather than leaving it to wait for that server."""
+
+    async def scenario() -> None:
+        model = ConsumerModel(partitions=2, records=2, concurrency=4, members=2)
+        await model.start_all()
+        model.assign([0], member=0)
+        model.assign([1], member=1)
+        model.deliver(0)
+        await until(lambda: model.client.requests == ["p0-0"], "its owner runs p0-0")
+        thief = model.member(1)
+        backlogs = FakeBacklogs({0: 0, 1: 2}, {0: 2, 1: 2})  # the thief's own backlog: empty
+        stealer = Stealer(thief.worker, backlogs, OnceSettings(), lambda: {1})
+
+        assert await stealer.steal_once() == 1  # p0-1; p0-0 is held by its owner
+        await until(lambda: thief.client.requests == ["p0-1"], "the thief runs p0-1")
+        thief.client.end(0, SUCCESS)
+        model.server_down(0)  # its request ends and its claim is released
+        assert model.ledger is not None
+        claims = model.ledger.claims
+        await until(lambda: not [w for w in claims if w.startswith("p0-0@")], "p0-0 released")
+
+        assert await stealer.steal_once() == 1
+        await until(lambda: thief.client.requests == ["p0-1", "p0-0"], "the thief runs p0-0")
+        assert backlogs.reads == [(0, {0, 1})]  # from what it kept, not read again
+        thief.client.end(0, SUCCESS)
+        model.deliver(0)
+        await until(lambda: model.kafka.acked() == [0, 1], "the owner acks both")
+        assert sorted(model.completions()) == ["p0-0", "p0-1"]
+        assert await stealer.steal_once() is None  # nothing left to look at
+        await model.close()
+
+    run(scenario)
+
+
+def test_a_stolen_prompt_its_owner_claimed_first_is_taken_once_its_owner_lets_go() -> None:
+    """Free when the thief looked, but claimed by its owner before the thief's slot came: the
+    thief moves on, and takes it at a later look once the owner's dead server released it."""
+
+    async def scenario() -> None:
+        model = ConsumerModel(partitions=2, records=1, concurrency=1, members=2)
+        await model.start_all()
+        model.assign([0], member=0)
+        model.assign([1], member=1)
+        model.deliver(1)  # the thief's one slot busy with a prompt of its own
+        thief = model.member(1)
+        await until(lambda: thief.client.requests == ["p1-0"], "the thief's own prompt running")
+        backlogs = FakeBacklogs({0: 0, 1: 0}, {0: 1, 1: 1})
+        stealer = Stealer(thief.worker, backlogs, OnceSettings(), lambda: {1})
+
+        assert await stealer.steal_once() == 1  # started: it waits for the thief's slot
+        model.deliver(0)  # its owner claims it first: the stolen one moves on
+        await until(lambda: model.client.requests == ["p0-0"], "the owner runs it")
+        assert thief.client.requests == ["p1-0"]  # the stolen one never requested
+        model.server_down(0)  # the owner's request ends and its claim is released
+        assert model.ledger is not None
+        claims = model.ledger.claims
+        await until(lambda: not [w for w in claims if w.startswith("p0-")], "released")
+        thief.client.end(0, SUCCESS)
+        await until(lambda: thief.worker.free_slots() == 1, "the thief's slot free")
+
+        assert await stealer.steal_once() == 1
+        await until(lambda: thief.client.requests == ["p1-0", "p0-0"], "the thief runs it")
+        assert backlogs.reads == [(0, {0})]  # from what it kept, not read again
+        thief.client.end(0, SUCCESS)
+        await until(lambda: model.kafka.acked() == [0], "its owner acks it")
+        await model.close()
 
     run(scenario)
