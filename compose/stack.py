@@ -117,9 +117,11 @@ class LocalStack:
         *options: str,
         name: str = "emulator",
         kind: str = "sglang",
+        port: int | None = None,
     ) -> tuple[str, ManagedProcess]:
-        """An emulated SGLang (or, `kind="vllm"`, vLLM) server on a free port, once it serves."""
-        port = free_port()
+        """An emulated SGLang (or, `kind="vllm"`, vLLM) server on a free port (or `port`: one
+        restarted where it was), once it serves."""
+        port = port or free_port()
         process = ManagedProcess(
             name,
             draftgen_argv(

@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from compose.emulator import errors
+from compose.emulator import errors, faults
 from compose.emulator.faults import Fault, FaultInjector
 from compose.emulator.generation import Generation, GenerationRequest, Generator, prompt_unit
 from compose.emulator.model import EmulatedModel
@@ -65,7 +65,9 @@ class Engine:
             await asyncio.sleep(delay)
 
     def check_context(self, prompt_text: str, prompt_len: int, max_new_tokens: int | None) -> None:
-        """SGLang's tokenizer-manager checks, plus the injected per-prompt context failure."""
+        """SGLang's tokenizer-manager checks, plus the injected per-prompt context failure (and
+        a whole node's refusal, a prompt that crashes the server)."""
+        faults.refuse_or_crash(self.settings, prompt_text)
         context_len = self.settings.max_model_len
         if prompt_len >= context_len:
             raise errors.context_too_long(prompt_len, context_len)

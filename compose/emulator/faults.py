@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import random
+import sys
 from enum import Enum
 
+from compose.emulator import errors
 from compose.emulator.settings import EmulatorSettings
+
+# the exit status of a server that aborts (SIGABRT's 128 + 6), as a failed CUDA assertion does
+CRASH_STATUS = 134
 
 
 class Fault(Enum):
@@ -37,3 +43,19 @@ class FaultInjector:
                 return fault
             point -= rate
         return None
+
+
+def refuse_or_crash(settings: EmulatorSettings, prompt_text: str) -> None:
+    """A node that refuses everything answers its status; a prompt that crashes servers ends
+    the process here, before any answer (its requests' connections are reset)."""
+    if settings.refuse_status:
+        message = (
+            f"The model `{settings.model}` does not exist."
+            if settings.refuse_status == 404
+            else "Refused (--refuse-all)."
+        )
+        raise errors.ApiError(settings.refuse_status, message, "NotFoundError", "refused")
+    if settings.crash_on and settings.crash_on in prompt_text:
+        print(f"emulator: a prompt with {settings.crash_on!r} crashed the server", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(CRASH_STATUS)

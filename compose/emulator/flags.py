@@ -280,6 +280,20 @@ def _fault_flags(parser: argparse.ArgumentParser, d: EmulatorSettings) -> None:
         help="fraction of requests whose connection closes in the middle of the answer",
     )
     add(
+        "--refuse-all",
+        type=int,
+        default=d.refuse_status,
+        metavar="STATUS",
+        help="answer every generation request with this HTTP status (404: a wrong served model "
+        "name) while health checks pass",
+    )
+    add(
+        "--crash-on",
+        default=d.crash_on,
+        metavar="TEXT",
+        help="a prompt containing TEXT crashes the server: the process exits at once (134)",
+    )
+    add(
         "--drift-rate",
         type=_RATE,
         default=d.drift_rate,
@@ -329,6 +343,8 @@ def _settings(args: argparse.Namespace) -> EmulatorSettings:
         rate_500=args.fail_500_rate,
         rate_timeout=args.timeout_rate,
         timeout_hang_s=args.timeout_hang_s,
+        refuse_status=args.refuse_all,
+        crash_on=args.crash_on,
         rate_drop=args.drop_rate,
         drift_rate=args.drift_rate,
         seed=args.seed,

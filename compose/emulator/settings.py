@@ -78,6 +78,12 @@ class EmulatorSettings:
     rate_drop: float = 0.0  # close the connection in the middle of the response body
     # per prompt: output ids are a non-canonical tokenization of the output text
     drift_rate: float = 0.0
+    # a node misconfigured as a whole: every generation request answers this status (404: a
+    # wrong served model name) while its health checks pass; 0 = none
+    refuse_status: int = 0
+    # a prompt containing this text takes the server down as it arrives (a kernel assertion,
+    # an OOM on its shape): the process exits at once, its other requests cut; "" = none
+    crash_on: str = ""
     seed: int = 0
     # JSON-lines file of {"match": str, "output": str}: a prompt containing `match` gets
     # `output` as the text the model writes (compose/emulator/generation.py), first match wins
@@ -106,6 +112,8 @@ class EmulatorSettings:
                 )
         if self.kind == "vllm":
             self.ids_style = "vllm"  # vLLM has one way: `return_token_ids`
+        if self.refuse_status and not 400 <= self.refuse_status < 600:
+            raise ValueError(f"refuse_status must be an error status, got {self.refuse_status}")
         if self.auth_status not in (401, 403):
             raise ValueError(f"auth_status must be 401 or 403, got {self.auth_status}")
         if self.min_output_tokens < 1 or self.max_output_tokens < self.min_output_tokens:

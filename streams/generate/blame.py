@@ -9,17 +9,19 @@ prompt goes back for another server. The rules, applied by the worker that holds
 
 1. A permanent refusal (a 4xx other than the credentials', `context_too_long`, a 5xx after every
    attempt) is the prompt's when REFUSERS servers refused it, or when no other worker has
-   claimed anything for `lone_s` (a fleet of one: nobody else to ask). A server that refused a
-   prompt does not take it again while others work (`refused_here`).
+   claimed anything for `lone_s` (a fleet of one: nobody else to ask).
 2. A crash (the server went down or stopped answering while the prompt ran on it) is a Failure
    of every prompt running there. A prompt that was running at CRASHES crashes of at least two
    servers, or at LONE_CRASHES of one, is the dead letter `server_crash` naming them; the other
    prompts run again.
+   A server where a prompt failed (refused or crashed) does not take it again while other
+   workers work (`failed_here`): the second opinion comes from another server.
 3. A prompt that was running at a crash is a suspect: a worker runs one suspect at a time
    (OnceStage), so a second crash it causes finds no other suspect beside it, and each innocent
    prompt is run again at most once per crash it witnessed.
 4. A server whose requests all fail for good closes its gate ("refusing"), dead-letters nothing
-   while closed, and tries one request again after a pause (`RefusalWatch`).
+   while closed, and after a pause is on probation: one request at a time until one answers
+   (`RefusalWatch`).
 """
 
 from __future__ import annotations
@@ -40,9 +42,10 @@ SERVER_CRASH = "server_crash"  # the dead letter's kind
 REFUSING_AFTER = 5
 
 
-def refused_here(failures: Sequence[Failure], server: str) -> bool:
-    """Whether `server` refused the work before: it is for another server now."""
-    return any(f.server == server and f.kind != CRASH for f in failures)
+def failed_here(failures: Sequence[Failure], server: str) -> bool:
+    """Whether the work failed on `server` before (refused, or running at a crash): it is for
+    another server now."""
+    return any(f.server == server for f in failures)
 
 
 def suspect(failures: Sequence[Failure]) -> bool:
@@ -84,11 +87,16 @@ def alone(last_claim_elsewhere: float | None, lone_s: float, now: float | None =
 
 class RefusalWatch:
     """Counts a server's requests that failed for good in a row; at REFUSING_AFTER it calls
-    `refusing(kind)` (the gate closes). After that, one more refusal closes it again."""
+    `refusing(kind)` (the gate closes). From then on the server is on probation until a request
+    answers: one request at a time, and one more refusal closes the gate again."""
 
     def __init__(self, refusing: Callable[[str], None]):
         self.refusing = refusing
         self.in_a_row = 0
+
+    @property
+    def on_probation(self) -> bool:
+        return self.in_a_row >= REFUSING_AFTER - 1
 
     def answered(self) -> None:
         self.in_a_row = 0
@@ -108,7 +116,7 @@ __all__ = [
     "SERVER_CRASH",
     "RefusalWatch",
     "alone",
-    "refused_here",
+    "failed_here",
     "suspect",
     "verdict",
 ]

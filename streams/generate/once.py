@@ -106,8 +106,8 @@ class OnceStage:
         # work key -> done: a copy of the prompt claims or requests here
         self._running: dict[str, asyncio.Future[None]] = {}
         self.draining = False  # SIGTERM: stolen prompts not requesting stop
-        # one suspect at a time (blame.py, rule 3); refusals in a row close the gate (rule 4)
-        self._suspects = asyncio.Lock()
+        # one suspect, or one request of a server on probation, at a time (blame.py, rules 3, 4)
+        self._solo = asyncio.Lock()
         self.refusals = blame.RefusalWatch(gate.refusing)
         # no other worker claiming for this long: nobody else to ask (blame.py, rule 1)
         self.lone_s = LONE_CLAIMS * settings.claim_s
@@ -132,13 +132,13 @@ class OnceStage:
             self.claims.settled(work)
             or self.claims.held_elsewhere(work) is not None
             or self._for_another(work)
-            or (self._suspects.locked() and blame.suspect(self.ledger.failures(work.key)))
+            or (self._solo.locked() and blame.suspect(self.ledger.failures(work.key)))
         )
 
     def _for_another(self, work: Work) -> bool:
-        """Refused by this server before, while other workers can take it (blame.py, rule 1)."""
-        refused = blame.refused_here(self.ledger.failures(work.key), self.client.base_url)
-        return refused and not self._alone()
+        """Failed on this server before, while other workers can take it (blame.py)."""
+        failed = blame.failed_here(self.ledger.failures(work.key), self.client.base_url)
+        return failed and not self._alone()
 
     def _alone(self) -> bool:
         return blame.alone(self.ledger.last_claim_elsewhere(self.worker_id), self.lone_s)
@@ -206,10 +206,11 @@ class OnceStage:
                 with contextlib.suppress(TimeoutError):  # until news, or nobody else is left
                     await asyncio.wait_for(self.ledger.watch(work.key).wait(), self.lone_s)
                 continue
-            suspect = blame.suspect(self.ledger.failures(work.key))
-            if suspect and stolen and self._suspects.locked():
+            # a suspect, or any request of a server on probation: one at a time (blame.py)
+            solo = self.refusals.on_probation or blame.suspect(self.ledger.failures(work.key))
+            if solo and stolen and self._solo.locked():
                 return False
-            async with self._suspects if suspect else contextlib.nullcontext():
+            async with self._solo if solo else contextlib.nullcontext():
                 completed = await self._in_slot(key, value, work, owned, stolen)
             if completed is not None:
                 return completed
@@ -237,6 +238,8 @@ class OnceStage:
         try:
             ticket = await self.claims.take(work)
             if ticket is None:
+                return None
+            if not self.gate.is_open:  # it closed while we claimed: not held while it is
                 return None
             try:
                 outputs = await self._request(ticket, key, value)
@@ -266,18 +269,13 @@ class OnceStage:
     def _blamed(self, work: Work, value: bytes, failure: Failure) -> Letter | None:
         """The prompt's dead letter when its failures, with this one, are its own fault
         (streams/generate/blame.py); None: it goes back to be tried by another server."""
-        failures = (*self.ledger.failures(work.key), failure)
-        blamed = blame.verdict(failures, self._alone())
+        blamed = blame.verdict((*self.ledger.failures(work.key), failure), self._alone())
         if blamed is None:
             log.info(
-                "%s failed on %s (%s); another server tries it",
-                work.prompt_id,
-                failure.server,
-                failure.kind,
+                "%s failed on %s (%s): next server", work.prompt_id, failure.server, failure.kind
             )
             return None
-        kind, reason = blamed
-        return self.stage.dead_letter(kind, reason, value, work.prompt_id)
+        return self.stage.dead_letter(*blamed, value, work.prompt_id)
 
     async def _request(self, ticket: Held, key: bytes, value: bytes) -> list[Output]:
         """The prompt's outputs, unless the gate closes or the claim is lost first."""

@@ -91,6 +91,9 @@ class Ledger(Protocol):
 class Gate(Protocol):
     """Whether requests may go to the server now (streams/generate/gate.py's ServerGate)."""
 
+    @property
+    def is_open(self) -> bool: ...
+
     async def wait_open(self) -> None: ...
     async def wait_closed(self) -> None:
         """Until the gate closes (the server went down, hung or refuses the key)."""

@@ -67,6 +67,9 @@ class FleetPlan:
     long_fraction: float = 0.0
     long_output_tokens: str = "3000-6000"
     worker_args: tuple[str, ...] = ()
+    # more emulator flags for every server, and for some by name (a fault of one node)
+    server_args: tuple[str, ...] = ()
+    node_args: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 @dataclass
@@ -166,22 +169,7 @@ class Fleet:
         self.workdir.mkdir(parents=True, exist_ok=True)
         p = self.plan
         for name in self.names:
-            self.servers[name] = self.stack.start_emulator_process(
-                self.tokenizer_dir,
-                "--tokens-per-s",
-                str(p.tokens_per_s),
-                "--min-output-tokens",
-                str(p.min_output_tokens),
-                "--max-output-tokens",
-                str(p.max_output_tokens),
-                "--long-fraction",
-                str(p.long_fraction),
-                "--long-output-tokens",
-                p.long_output_tokens,
-                "--request-log",
-                str(self.request_log(name)),
-                name=f"emulator-{name}",
-            )
+            self.start_server(name)
         for name in self.names:
             self.workers[name] = self.stack.start_worker(
                 f"gen-{name}",
@@ -193,6 +181,29 @@ class Fleet:
             120,
             f"{p.servers} generate workers in a stable group",
             interval=1.0,
+        )
+
+    def start_server(self, name: str, port: int | None = None) -> None:
+        """`name`'s server (again, on its `port`, after a crash)."""
+        p = self.plan
+        self.servers[name] = self.stack.start_emulator_process(
+            self.tokenizer_dir,
+            "--tokens-per-s",
+            str(p.tokens_per_s),
+            "--min-output-tokens",
+            str(p.min_output_tokens),
+            "--max-output-tokens",
+            str(p.max_output_tokens),
+            "--long-fraction",
+            str(p.long_fraction),
+            "--long-output-tokens",
+            p.long_output_tokens,
+            "--request-log",
+            str(self.request_log(name)),
+            *p.server_args,
+            *dict(p.node_args).get(name, ()),
+            name=f"emulator-{name}",
+            port=port,
         )
 
     def publish(self) -> set[str]:

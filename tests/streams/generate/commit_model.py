@@ -181,6 +181,9 @@ class ConsumerModel:
 
     async def start_worker(self, index: int = 0) -> None:
         client = HeldClient(self._on_request)
+        client.base_url = (
+            f"{client.base_url}-{index}"  # one server a member (blame.py tells them apart)
+        )
         ledger = self.ledger
         if self.lagging:
             ledger = LaggingLedger(self)  # a new process reads the ledger up to its end first

@@ -63,9 +63,8 @@ def test_a_crash_is_the_prompts_at_the_second_server_or_the_third_crash_of_one()
 def test_suspects_and_servers_that_refused() -> None:
     assert blame.suspect([refused(A, 1), crashed(B, 2)])
     assert not blame.suspect([refused(A, 1)])
-    assert blame.refused_here([refused(A, 1)], A)
-    assert not blame.refused_here([crashed(A, 1)], A)  # a crash is no refusal: it may run there
-    assert not blame.refused_here([refused(A, 1)], B)
+    assert blame.failed_here([refused(A, 1)], A) and blame.failed_here([crashed(A, 1)], A)
+    assert not blame.failed_here([refused(A, 1), crashed(A, 2)], B)
     assert blame.alone(None, 60, now=100)
     assert blame.alone(30.0, 60, now=100) and not blame.alone(50.0, 60, now=100)
 
@@ -125,7 +124,7 @@ def test_a_node_that_refuses_everything_dead_letters_nothing_and_closes_its_gate
         await until(lambda: bad.stats.refusing, "the refusing node's gate closed")
         assert bad.stats.paused and kafka.letters() == []
         await until(lambda: not ledger_of(bad).claims, "every refused prompt released")
-        assert all(blame.refused_here(ledger_of(bad).failures(work(bad, p)), A) for p in ids)
+        assert all(blame.failed_here(ledger_of(bad).failures(work(bad, p)), A) for p in ids)
         assert all(bad.spoken_for(pid, prompt(pid)) for pid in ids)  # not for it again
         stolen = good.start_stolen([(pid.encode(), prompt(pid)) for pid in ids])
         assert [await task for task in stolen] == [True] * len(ids)
@@ -198,10 +197,12 @@ def test_a_prompt_that_crashes_servers_is_dead_lettered_at_the_second_innocents_
         assert await bomb is False
         [letter] = kafka.letters()
         assert letter.kind == blame.SERVER_CRASH and A in letter.message and B in letter.message
-        # both back: the innocent prompt runs once more, and completes
-        a.up = b.up = True
-        a.gates["innocent"].set()  # this time it answers
-        await until(lambda: kafka.sent_to(COMPLETIONS) == ["innocent"], "the innocent completes")
+        # B back: it takes the innocent prompt (A, where it failed, leaves it to another
+        # server) and it completes at its second request
+        b.up = True
+        await until(lambda: second.gate.is_open, "B's gate open again")
+        [innocent] = second.start_stolen([(b"innocent", prompt("innocent"))])
+        assert await innocent is True
         assert (a.requests + b.requests).count("bomb") == 2
         assert (a.requests + b.requests).count("innocent") == 2  # once beside the bomb, once more
         await until(lambda: kafka.acked() == [0, 1], "A acks both")
