@@ -27,6 +27,7 @@ import contextlib
 import hashlib
 import logging
 import time
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,10 @@ DEAD = "!dead"
 
 # suffix of the key of a claim: who requests the prompt now (no outcome)
 CLAIM = "!claim"
+# Kafka's timestamp type of a record stamped by the broker (the ledger's: streams/core/topics.py)
+LOG_APPEND_TIME = 1
+# own claims read back that estimate the broker's clock (LedgerState.now)
+SKEW_SAMPLES = 16
 
 
 def ledger_key(prompt_id: str, settings: str) -> str:
@@ -125,14 +130,18 @@ class Failure:
 
 @dataclass(frozen=True)
 class Claim:
-    """Who requests a prompt, written at `at` and lapsing at `until` (wall clock, seconds since
-    the epoch; the holder renews it well before). `released`: the request ended, and
-    `outcome` says how (DONE, DEAD_LETTER) when it left one, written to the ledger before.
+    """Who requests a prompt, written at `at` and lapsing at `until` (the writer's clock,
+    seconds since the epoch; the holder renews it well before). `released`: the request ended,
+    and `outcome` says how (DONE, DEAD_LETTER) when it left one, written to the ledger before.
+    `appended`: when the broker appended it (the ledger's LogAppendTime), read, not written.
 
-    The rule every reader applies in the ledger's order (`LedgerState.take`), so all agree: a
-    claim wins when the prompt has no holder, when it is its holder's own (a renewal), or when
-    the holder's claim had lapsed at the new claim's `at`; a release frees the prompt only when
-    its holder wrote it."""
+    Time is the broker's (`start`, `end`): a claim read with its append time starts then and
+    lasts what its writer asked (`until - at`), so hosts whose clocks disagree still agree on
+    who holds a prompt; a claim without one (a ledger topic created with CreateTime) keeps its
+    writer's times. The rule every reader applies in the ledger's order (`LedgerState.take`),
+    so all agree: a claim wins when the prompt has no holder, when it is its holder's own (a
+    renewal), or when the holder's claim had ended when the new claim started; a release frees
+    the prompt only when its holder wrote it."""
 
     worker: str
     until: float
@@ -142,6 +151,15 @@ class Claim:
     # every failure of the work known to the writer (streams/generate/blame.py): each record
     # carries them all, so compaction, which keeps a key's last record only, keeps them
     failures: tuple[Failure, ...] = ()
+    appended: float | None = None
+
+    @property
+    def start(self) -> float:
+        return self.at if self.appended is None else self.appended
+
+    @property
+    def end(self) -> float:
+        return self.until if self.appended is None else self.appended + (self.until - self.at)
 
     def encode(self) -> bytes:
         value: dict[str, Any] = {
@@ -158,7 +176,7 @@ class Claim:
         return orjson.dumps(value)
 
     @classmethod
-    def decode(cls, value: bytes | None) -> Claim | None:
+    def decode(cls, value: bytes | None, appended: float | None = None) -> Claim | None:
         """None for a value that is no claim (written by a later version, or damaged)."""
         try:
             data = orjson.loads(value or b"")
@@ -174,16 +192,23 @@ class Claim:
                 float(data.get("at") or 0.0),
                 outcome if outcome in (DONE, DEAD_LETTER) else None,
                 failures,
+                appended,
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
             return None
 
     def holds(self, now: float | None = None) -> bool:
-        return not self.released and self.until > (time.time() if now is None else now)
+        """Not released and not ended at `now` (the broker's time: `LedgerState.now`)."""
+        return not self.released and self.end > (time.time() if now is None else now)
 
     def beats(self, holder: Claim | None) -> bool:
         """Whether this claim, read after `holder`'s, makes its writer the holder."""
-        return holder is None or holder.worker == self.worker or holder.until <= self.at
+        return holder is None or holder.worker == self.worker or holder.end <= self.start
+
+
+def appended_at(record: Any) -> float | None:
+    """A consumed record's LogAppendTime in seconds (None: its timestamp is its producer's)."""
+    return record.timestamp / 1000 if record.timestamp_type == LOG_APPEND_TIME else None
 
 
 def ledger_value(prompt_id: str, settings: str, server: str) -> bytes:
@@ -225,8 +250,11 @@ class LedgerState:
         self._watched: dict[str, asyncio.Event] = {}
         # work key -> its failures without an outcome (few prompts have any)
         self._failures: dict[str, set[Failure]] = {}
-        # worker -> its latest claim's `at` (its wall clock: a coarse "who else is working")
+        # worker -> its latest claim's start (a coarse "who else is working")
         self._claimed_at: dict[str, float] = {}
+        # the broker's clock less ours, from our own claims read back (`now`): the largest of
+        # the latest, as each is late by its delivery
+        self._skews: deque[float] = deque(maxlen=SKEW_SAMPLES)
 
     def contains(self, prompt_id: str, settings: str) -> bool:
         return ledger_key(prompt_id, settings) in self.keys
@@ -245,12 +273,17 @@ class LedgerState:
         """The claim that holds the work, if any (it may have lapsed: `Claim.holds`)."""
         return self.claims.get(work)
 
+    def now(self) -> float:
+        """The broker's time, as near as our own claims read back tell it: claims are judged
+        on it, not on this host's clock (which may be off by any amount)."""
+        return time.time() + (max(self._skews) if self._skews else 0.0)
+
     def failures(self, work: str) -> tuple[Failure, ...]:
         """The work's failures read so far, oldest first."""
         return tuple(sorted(self._failures.get(work, ()), key=lambda f: (f.at, f.server)))
 
     def last_claim_elsewhere(self, worker: str) -> float | None:
-        """When (wall clock) another worker than `worker` last claimed anything."""
+        """When (the broker's time, `now`) another worker than `worker` last claimed anything."""
         return max((at for w, at in self._claimed_at.items() if w != worker), default=None)
 
     def claim(self, prompt_id: str, settings: str) -> Claim | None:
@@ -280,14 +313,15 @@ class LedgerState:
             event = self._watched[work] = asyncio.Event()
         return event
 
-    def take(self, key: bytes | None, value: bytes | None) -> None:
-        """One record of the ledger topic."""
+    def take(self, key: bytes | None, value: bytes | None, appended: float | None = None) -> None:
+        """One record of the ledger topic; `appended`: its LogAppendTime (seconds), if it has
+        one."""
         if not key:
             return
         text = key.decode("utf-8", "replace")
         if text.endswith(CLAIM):
             work = text.removesuffix(CLAIM)
-            claim = Claim.decode(value)
+            claim = Claim.decode(value, appended)
             if claim is not None:
                 self._take_claim(work, claim)
         else:
@@ -300,7 +334,9 @@ class LedgerState:
         if claim.failures:
             self._failures.setdefault(work, set()).update(claim.failures)
         if not claim.released:
-            self._claimed_at[claim.worker] = max(claim.at, self._claimed_at.get(claim.worker, 0.0))
+            self._claimed_at[claim.worker] = max(
+                claim.start, self._claimed_at.get(claim.worker, 0.0)
+            )
         holder = self.claims.get(work)
         if claim.released:
             if holder is not None and holder.worker == claim.worker:
@@ -315,6 +351,8 @@ class LedgerState:
         if won:
             self.claims[work] = claim
         echo = self._echoes.pop((work, claim.worker, claim.at), None)
+        if echo is not None and claim.appended is not None:
+            self._skews.append(claim.appended - time.time())
         if echo is not None and not echo.done():
             echo.set_result(won)
 
@@ -357,7 +395,7 @@ class LedgerFollower(LedgerState):
             for record in await until_done(
                 "reading the generated ledger", self._next, self.backoff, log
             ):
-                self.take(record.key, record.value)
+                self.take(record.key, record.value, appended_at(record))
 
     async def _next(self) -> list[Any]:
         if not self.caught_up.is_set() and await self._reader.caught_up():

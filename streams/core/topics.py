@@ -48,6 +48,8 @@ ADMIN_RETRY_S = 60.0
 # Topics whose records are the run's data: a write to them needs min.insync.replicas copies.
 # Heartbeats (worker-stats) are not data: replicated, but written with one copy in sync.
 DATA_TOPICS = (PROMPTS, COMPLETIONS, DEAD_LETTERS, GENERATED)
+# a day: a claim lives seconds to minutes (--claim-s, renewed while its request runs)
+LEDGER_COMPACTION_LAG_MS = 24 * 3600 * 1000
 
 
 def topic_configs(kafka: KafkaSettings, min_insync: int | None = None) -> dict[str, dict[str, str]]:
@@ -70,7 +72,15 @@ def topic_configs(kafka: KafkaSettings, min_insync: int | None = None) -> dict[s
             "min.cleanable.dirty.ratio": "0.1",
         },
         # What was generated, per prompt and settings: compacted, never deleted (core/ledger.py).
-        GENERATED: {"cleanup.policy": "compact", "retention.ms": "-1"},
+        # Claims are judged on the broker's append time, so hosts' clocks need not agree, and
+        # no record is compacted away while a claim of it may be live (a later reader would
+        # see a losing claimant's record without its holder's): far above any claim time.
+        GENERATED: {
+            "cleanup.policy": "compact",
+            "retention.ms": "-1",
+            "message.timestamp.type": "LogAppendTime",
+            "min.compaction.lag.ms": str(LEDGER_COMPACTION_LAG_MS),
+        },
     }
     if min_insync is not None:
         for name in DATA_TOPICS:

@@ -36,7 +36,6 @@ import asyncio
 import contextlib
 import enum
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -213,7 +212,9 @@ class LedgerClaims:
         self.worker = worker  # this process in claims: unique per worker
         self.claim_s = claim_s
         self.stats = stats
-        self.clock = clock or (lambda: time.time())  # looked up at each call: tests move it
+        # the broker's time, not this host's (claims of hosts whose clocks disagree compare on
+        # it: streams/core/ledger.py `Claim`); looked up at each call: tests move it
+        self.clock = clock or (lambda: self.ledger.now())
         self.held: dict[str, Ticket] = {}  # work key -> the claim held here
 
     def settled(self, work: Work) -> bool:

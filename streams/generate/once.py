@@ -141,7 +141,8 @@ class OnceStage:
         return failed and not self._alone()
 
     def _alone(self) -> bool:
-        return blame.alone(self.ledger.last_claim_elsewhere(self.worker_id), self.lone_s)
+        last = self.ledger.last_claim_elsewhere(self.worker_id)
+        return blame.alone(last, self.lone_s, now=self.ledger.now())
 
     def requesting(self, key: bytes | None, raw: bytes) -> bool:
         return key is not None and self.work_of(key, raw).key in self._running

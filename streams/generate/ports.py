@@ -44,7 +44,8 @@ class ServerClient(Protocol):
     async def probe_ids(self) -> IdsWay | None: ...
     async def max_running_requests(self) -> int | None: ...
     async def unavailable(self) -> str | None:
-        """None when healthy, else why not (client.DOWN, client.AUTH)."""
+        """None when healthy, else why not (client.DOWN: connections refused; client.SLOW: no
+        answer in time, a busy server; client.AUTH)."""
         ...
 
     async def complete(self, prompt: PromptRecord) -> CompletionRecord: ...
@@ -80,7 +81,11 @@ class Ledger(Protocol):
         ...
 
     def last_claim_elsewhere(self, worker: str) -> float | None:
-        """When (wall clock) another worker last claimed anything."""
+        """When (the broker's time) another worker last claimed anything."""
+        ...
+
+    def now(self) -> float:
+        """The broker's time, as the ledger's records tell it: claims are judged on it."""
         ...
 
     def watch(self, work: str) -> asyncio.Event:
@@ -127,7 +132,8 @@ class Backlogs(Protocol):
     (streams/generate/backlogs.py)."""
 
     async def committed(self) -> dict[int, int]:
-        """The group's committed offset of each partition of the topic."""
+        """Where each partition's backlog starts: the group's committed offset, or the log's
+        start for a partition nothing was committed for (every partition of the topic)."""
         ...
 
     async def ends(self, partitions: list[int]) -> dict[int, int]: ...

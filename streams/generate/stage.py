@@ -23,7 +23,7 @@ from streams.core.records import CompletionRecord, DeadLetter, PromptRecord, Rec
 from streams.core.retry import Backoff
 from streams.core.settings import GenerateSettings
 from streams.generate import regen
-from streams.generate.client import AUTH, GenerationError
+from streams.generate.client import AUTH, SLOW, GenerationError
 from streams.generate.outputs import Completion, Letter, Outbox, Output
 from streams.generate.ports import Gate, ServerClient
 from streams.generate.slots import Slots
@@ -187,9 +187,12 @@ class GenerateStage:
                     raise
                 problem = await self.gate.unavailable()
                 if problem is not None:
-                    # Down, not failing: pause the whole worker, don't spend this prompt's budget.
                     await self.gate.pause(problem)
-                    continue
+                    if problem != SLOW:
+                        # Down, not failing: the whole worker paused, nothing of this prompt spent.
+                        continue
+                # a server up but slow (a timeout on a busy one) spends an attempt: a prompt
+                # that times out every time ends within `max_attempts` of them
                 attempts += 1
                 if attempts >= self.settings.max_attempts:
                     exhausted = GenerationError(

@@ -22,6 +22,8 @@ from streams.core.ledger import (
     split_key,
     work_key,
 )
+from streams.core.settings import GENERATED, KafkaSettings
+from streams.core.topics import topic_configs
 from streams.generate.once import prompt_mode
 
 
@@ -142,3 +144,73 @@ def test_a_watcher_wakes_at_the_next_record_of_its_work() -> None:
         assert watched.is_set() and state.settled(work)
 
     asyncio.run(scenario())
+
+
+def test_claims_are_judged_on_the_brokers_clock_not_their_writers() -> None:
+    """Two hosts 30 s off in opposite directions: read with the broker's append time, a claim
+    lasts what its writer asked from when the broker took it, so neither host takes the other's
+    live claim nor loses its own (on the writers' clocks, the host behind wrote a claim that had
+    already ended, and every idle thief took the prompt from under it)."""
+    work = ledger_key("p", "mine")
+    key = claim_key(work).encode()
+    behind, ahead = -30.0, 30.0  # each host's clock less the broker's
+    state = LedgerState()
+    held = Claim("late-host", until=1_000 + behind + 15, at=1_000 + behind)
+    state.take(key, held.encode(), appended=1_000.0)
+    holder = state.holder(work)
+    assert holder is not None and (holder.start, holder.end) == (1_000.0, 1_015.0)
+    assert holder.holds(now=1_010.0)  # a thief with a right clock sees it live
+    early = Claim("early-host", until=1_005 + ahead + 15, at=1_005 + ahead)
+    # written "at 1,035" by its clock, appended at 1,005: it loses...
+    assert not Claim.decode(early.encode(), appended=1_005.0).beats(holder)  # type: ignore[union-attr]
+    state.take(key, early.encode(), appended=1_005.0)
+    assert state.holder(work) == holder  # ...in every reader
+    renewal = Claim("late-host", until=1_012 + behind + 15, at=1_012 + behind)
+    state.take(key, renewal.encode(), appended=1_012.0)
+    renewed = state.holder(work)
+    assert renewed is not None and renewed.end == 1_027.0
+    # on the writers' clocks the late host's claim ended at 997 (before it was written)
+    assert not Claim("x", until=985.0, at=970.0).holds(now=1_010.0)
+
+
+def test_a_worker_learns_the_brokers_clock_from_its_own_claims_read_back() -> None:
+    async def scenario() -> None:
+        state = LedgerState()
+        assert abs(state.now() - time.time()) < 1  # nothing read back yet: its own clock
+        work = ledger_key("p", "mine")
+        mine = Claim("a", until=time.time() + 15, at=time.time())
+        state.expect(work, mine)
+        state.take(claim_key(work).encode(), mine.encode(), appended=time.time() - 30)
+        assert -40 < state.now() - time.time() < -29  # its clock runs 30 s ahead of the broker's
+
+    asyncio.run(scenario())
+
+
+def test_a_reader_starting_after_compaction_agrees_with_one_that_read_everything() -> None:
+    """Compaction keeps a key's last record only, and not before `min.compaction.lag.ms`, set
+    far above any claim's life (streams/core/topics.py): by then a prompt's claims have ended,
+    and its last record (a release, or a claim long lapsed) tells a late reader what every
+    record told the others."""
+    work = ledger_key("p", "mine")
+    key = claim_key(work).encode()
+    records = [
+        (Claim("a", 1_015.0, at=1_000.0), 1_000.0),
+        (Claim("b", 1_020.0, at=1_005.0), 1_005.0),  # loses to a
+        (Claim("a", 1_025.0, at=1_010.0), 1_010.0),  # a's renewal
+        (Claim("a", 1_020.0, True, 1_020.0, DONE), 1_020.0),
+    ]
+    full, late = LedgerState(), LedgerState()
+    for claim, appended in records:
+        full.take(key, claim.encode(), appended)
+    last, appended = records[-1]
+    late.take(key, last.encode(), appended)
+    for state in (full, late):
+        assert state.holder(work) is None and state.settled(work)
+    # what compaction before the claim ended would have done: b's record last, read as b's
+    early = LedgerState()
+    early.take(key, records[1][0].encode(), records[1][1])
+    wrong = early.holder(work)
+    assert wrong is not None and wrong.worker == "b"
+    ledger = topic_configs(KafkaSettings(bootstrap="x:1"))[GENERATED]
+    assert int(ledger["min.compaction.lag.ms"]) >= 3_600_000  # the lag keeps that from happening
+    assert ledger["message.timestamp.type"] == "LogAppendTime"

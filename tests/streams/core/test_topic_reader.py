@@ -33,6 +33,8 @@ class Record:
     offset: int
     key: bytes | None
     value: bytes | None
+    timestamp: int = 0
+    timestamp_type: int = 0  # CreateTime (the ledger's own is LogAppendTime: test_ledger.py)
 
 
 @dataclass

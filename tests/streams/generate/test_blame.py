@@ -9,7 +9,7 @@ import asyncio
 
 from streams.core.ledger import CRASH, Claim, Failure, LedgerState, claim_key
 from streams.generate import blame
-from streams.generate.client import GenerationError, status_error
+from streams.generate.client import SLOW, GenerationError, status_error
 from streams.generate.worker import GenerateWorker
 from tests.streams.generate.fakes import (
     COMPLETIONS,
@@ -264,5 +264,29 @@ def test_a_stop_writes_the_outcome_of_a_request_that_has_its_answer() -> None:
         await stopping
         assert kafka.sent_to(COMPLETIONS) == ["p"]
         assert kafka.outcomes() == [work(worker, "p")]
+
+    run(scenario)
+
+
+def test_a_request_that_times_out_on_a_busy_server_spends_its_attempts() -> None:
+    """A timeout on a server that is up but slow to answer its probe is an attempt of the
+    prompt: a prompt that times out every time ends within `max_attempts` (before, a slow probe
+    paused the worker without counting, and the prompt was asked forever)."""
+
+    class Busy(FakeClient):
+        async def unavailable(self) -> str | None:
+            self.probes += 1
+            return SLOW if self.probes % 2 else None  # slow, then answers: the gate reopens
+
+    async def scenario() -> None:
+        client, kafka = Busy(), FakeKafka()
+        client.always["p"] = GenerationError("timeout", "request timed out", transient=True)
+        worker, _ = await once_worker(client, kafka)  # alone: it decides the prompt itself
+        await worker.submit(kafka.event(0, "p"))
+        await until(lambda: kafka.acked() == [0], "the prompt's outcome")
+        [letter] = kafka.letters()
+        assert letter.kind == "retries_exhausted"
+        assert client.requests == ["p"] * worker.settings.max_attempts
+        await worker.stop()
 
     run(scenario)

@@ -320,8 +320,9 @@ def test_a_renewal_read_back_late_is_written_again_and_its_request_goes_on() -> 
     run(scenario)
 
 
-def test_the_watchdog_closes_the_gate_at_two_unanswered_probes_in_a_row_not_one() -> None:
-    """Closing the gate ends every request running: one slow health answer must not do it."""
+def test_the_watchdog_closes_the_gate_at_two_refused_probes_in_a_row_not_one() -> None:
+    """Closing the gate ends every request running: one refused probe must not do it (a slow
+    one only holds the gate: tests/streams/generate/test_gate.py)."""
 
     class Flaky(FakeClient):
         def __init__(self) -> None:

@@ -95,8 +95,7 @@ class CommitMachine(RuleBasedStateMachine):
         self.clocks = [
             mock.patch(f"{module}.time", self.loop.wall_clock())
             for module in (
-                "streams.core.ledger",
-                "streams.generate.claims",
+                "streams.core.ledger",  # the claims' clock too (LedgerState.now)
                 "tests.streams.generate.commit_model",
             )
         ]
