@@ -57,6 +57,8 @@ case "$cmd" in
         types_pid=$!
         # the report's browser test needs chromium: installed here when missing (root, apt-get)
         bash "$repo/compose/ensure_chromium.sh" >/dev/null || true
+        # the skewed-clock test needs libfaketime: installed here when missing (root, apt-get)
+        bash "$repo/compose/ensure_faketime.sh" >/dev/null || true
         # two xdist workers, a test file each at a time (each starts its own Kafka and SeaweedFS
         # when it gets an integration file): 11 min → 7 min on 2 cores; `-n 0` runs serially
         status=0

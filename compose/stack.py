@@ -165,8 +165,10 @@ class LocalStack:
         env: dict[str, str] | None = None,
         module: str = "streams",
     ) -> ManagedProcess:
+        # a preloaded library (LD_PRELOAD: libfaketime) takes effect at exec only, not in a fork
+        forked = self.forked and "LD_PRELOAD" not in (env or {})
         process = ManagedProcess(
-            name, draftgen_argv(*args, module=module), self._log(name), env=env, forked=self.forked
+            name, draftgen_argv(*args, module=module), self._log(name), env=env, forked=forked
         )
         self.processes.append(process)
         process.start()

@@ -319,16 +319,24 @@ def _version_prompts(plan: _Plan, summary: PublishSummary) -> set[str]:
     return prompts
 
 
-def run_model(first: GenerateSettings) -> dict[str, Any]:
+def run_model(servers: list[GenerateSettings]) -> dict[str, Any]:
     """The run's model, which each generate worker checks its server's against at start (one
     model per run: streams/generate/identity.py): the one `--expect-model` names, else the one
-    the first server serves (waited for, as its worker would)."""
-    if first.expect_model is not None:
+    the first server that answers serves. None answering now: nothing expected (each worker
+    then waits for its own server, and its console says it is down, as before)."""
+    if not servers or servers[0].expect_model is not None:
         return {}
-    from streams.core.retry import backoff
     from streams.generate.client import ask_served_model
 
-    model = asyncio.run(ask_served_model(first, backoff()))
+    model = None
+    for settings in servers:
+        try:
+            model = asyncio.run(ask_served_model(settings))
+            break
+        except Exception:  # down or starting: the next one, else nothing expected
+            continue
+    if model is None:
+        return {}
     return {
         "expect_model": model.name,
         "expect_revision": model.revision,
@@ -348,8 +356,12 @@ def _start_workers(
         return stack.start_worker(name, argv, env=worker_env(workdir))
 
     workers = []
-    first = build(GenerateSettings, args, server=servers[0], kafka=kafka, tokenizer_dir=tokenizer)
-    expected = run_model(first)
+    expected = run_model(
+        [
+            build(GenerateSettings, args, server=s, kafka=kafka, tokenizer_dir=tokenizer)
+            for s in servers
+        ]
+    )
     for index, server in enumerate(servers):
         name = f"generate-{index}"
         generate = build(

@@ -17,7 +17,6 @@ import orjson
 from streams.core.families import GENERIC, family_for_model
 from streams.core.recipes import OPENAI_FIELDS, effective_sampling, effective_thinking
 from streams.core.records import CompletionRecord, PromptRecord
-from streams.core.retry import Backoff, until_done
 from streams.core.serving import ServerNormalization, profile_for_version, profile_named
 from streams.core.settings import GenerateSettings
 from streams.core.tokenizers import load_tokenizer
@@ -301,13 +300,13 @@ class HttpServerClient:
         )
 
 
-async def ask_served_model(settings: GenerateSettings, backoff: Backoff) -> ServedModel:
-    """The model `settings.server` serves, asked as its worker asks at start, waiting for a
-    server that does not answer yet (`draftgen run` makes its first server's the run's)."""
+async def ask_served_model(settings: GenerateSettings) -> ServedModel:
+    """The model `settings.server` serves, asked once as its worker asks at start (`draftgen
+    run` makes the first answering server's the run's); raises if it does not answer."""
     client = HttpServerClient(settings)
     try:
-        for what, call in (("model", client.discover), ("version", client.use_server_version)):
-            await until_done(f"asking {client.base_url} for its {what}", call, backoff, log)
+        await client.discover()
+        await client.use_server_version()
         return ServedModel.of(client.model, client.identity.revision, client.identity.tokenizer)
     finally:
         await client.close()

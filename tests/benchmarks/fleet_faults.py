@@ -5,7 +5,9 @@ and a benchmark run (`python -m tests.benchmarks.fleet_faults`, figures in BENCH
 - `refusing_node`: one node answers every request `404 model not found` (a wrong served
   model name) while its health checks pass;
 - `crashing_prompt`: one prompt takes down any server that receives it, every server under a
-  restart policy (back `restart_s` after it died).
+  restart policy (back `restart_s` after it died);
+- `skewed_clocks`: one worker's wall clock 30 s ahead, one 30 s behind (libfaketime, its
+  monotonic clock left alone), no fault injected.
 
 Each measures, from the topics and the ledger: prompts lost, dead letters by mistake,
 requests redone (a prompt's claims won beyond one: each won claim is a request, and a server
@@ -187,12 +189,41 @@ def crashing_prompt(
     )
 
 
-def plans(servers: int, prompts: int) -> dict[str, FleetPlan]:
+def skewed_clocks(fleet: Fleet, finish_timeout_s: float = 180.0) -> ScenarioResult:
+    """Workers whose clocks disagree (its plan's `worker_env`), no fault: measured, prompts
+    requested more than once and requests of a prompt overlapping on two servers."""
+    fleet.start()
+    fleet.publish()
+    finished = fleet.wait_done(finish_timeout_s)
+    fleet.event("every prompt has an outcome" if finished else "not finished")
+    return fleet.result("skewed clocks", measures={"finished_s": finished})
+
+
+def skew(seconds: str, lib: str) -> tuple[tuple[str, str], ...]:
+    """The environment that moves a process's wall clock (not its monotonic one)."""
+    return (
+        ("LD_PRELOAD", lib),
+        ("FAKETIME", seconds),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+        ("FAKETIME_DONT_RESET", "1"),  # its children (none) would keep the offset
+    )
+
+
+def plans(servers: int, prompts: int, faketime: str = "") -> dict[str, FleetPlan]:
     base = FleetPlan(servers=servers, prompts=prompts)
-    return {
+    found = {
         "refusing": replace(base, node_args=(("c", ("--refuse-all", "404")),)),
         "crash": replace(base, server_args=("--crash-on", BOMB_MARKER)),
     }
+    if faketime:  # answers of 1.6-6.4 s: claims renewed, thieves at work at the end
+        found["skew"] = replace(
+            base,
+            tokens_per_s=40.0,
+            min_output_tokens=64,
+            max_output_tokens=256,
+            worker_env=(("a", skew("+30s", faketime)), ("b", skew("-30s", faketime))),
+        )
+    return found
 
 
 def main() -> int:  # pragma: no cover - a benchmark run, minutes long
@@ -203,17 +234,20 @@ def main() -> int:  # pragma: no cover - a benchmark run, minutes long
     parser.add_argument("--servers", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=600)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/draftgen-fleet-faults"))
+    parser.add_argument("--faketime", default="", help="libfaketime.so.1: the skewed-clock run")
     args = parser.parse_args()
     work = args.workdir
     with LocalStack(work / "stack") as stack:
         bootstrap = stack.start_kafka()
         tokenizer = build_qwen36_tokenizer(work / "tokenizer")
-        for name, plan in plans(args.servers, args.prompts).items():
+        for name, plan in plans(args.servers, args.prompts, args.faketime).items():
             kafka = KafkaSettings(
                 bootstrap=bootstrap, topic_prefix=f"{name}-", partitions=plan.partitions
             )
             fleet = Fleet(stack, kafka, tokenizer, work / name, plan, say=print)
-            scenario = refusing_node if name == "refusing" else crashing_prompt
+            scenario = {"refusing": refusing_node, "crash": crashing_prompt}.get(
+                name, skewed_clocks
+            )
             try:
                 result = scenario(fleet)
             finally:

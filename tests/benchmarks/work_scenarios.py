@@ -70,6 +70,8 @@ class FleetPlan:
     # more emulator flags for every server, and for some by name (a fault of one node)
     server_args: tuple[str, ...] = ()
     node_args: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # more environment for some workers, by name (a skewed clock: libfaketime)
+    worker_env: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
 
 
 @dataclass
@@ -174,7 +176,7 @@ class Fleet:
             self.workers[name] = self.stack.start_worker(
                 f"gen-{name}",
                 generate_argv(self.url(name), self.kafka, p.concurrency, *p.worker_args),
-                env=self.env,
+                env={**self.env, **dict(dict(p.worker_env).get(name, ()))},
             )
         wait_for(
             lambda: asyncio.run(stable_members(self.kafka, GENERATE_GROUP)) == p.servers,
