@@ -227,7 +227,9 @@ class ServerGate:
 
     async def _retry_later(self) -> None:
         await asyncio.sleep(REFUSING_S)
-        self.stats.paused, self.stats.paused_for, self.stats.refusing = False, "", False
+        self.stats.refusing = False
+        if self.stats.paused_for == REFUSING:  # not down or refusing the key meanwhile
+            self.stats.paused, self.stats.paused_for = False, ""
         if self._prober is None or self._prober.done():
             self._open.set()
 

@@ -7,10 +7,14 @@ one loop until it is settled:
    `--regenerate` publish: an outcome of that publish) -> nothing to do; an own prompt is acked.
 2. Another worker's claim holds it -> wait for the ledger's next record of it, without a request
    slot (its outcome, its release, or the claim lapses). A thief moves on instead.
-3. Else take a request slot (once the server's gate is open), claim it, request, deliver the
-   outputs, write the ledger mark, and release the claim with the outcome. The holder of the
-   claim decides the outcome, so a thief or a revoked partition's old owner dead-letters a
-   prompt that fails for good, as the owner would.
+3. It failed on this server before (refused, or running at a crash) while other workers work
+   -> leave it to them (streams/generate/blame.py): a thief moves on, the owner waits.
+4. Else take a request slot (once the server's gate is open; a suspect of a crash, or any
+   prompt of a server on probation, one at a time), claim it, request, then record: deliver
+   the outputs, write the ledger mark and release the claim with the outcome, as one step a
+   stop does not cut (streams/generate/record.py). The holder of the claim decides the
+   outcome: a failure for good is the prompt's only when blame.py's rules say so (another
+   server agreed), else the claim is released with the failure recorded.
 The request ends early when the gate closes (the server went down, hung, or refuses the key) or
 the claim is lost: the claim is released without an outcome and the slot freed, so the prompt is
 free for any worker with a free slot, and this one takes it again if it is still free once its
