@@ -93,7 +93,7 @@ def generate_backoff(settings: GenerateSettings) -> Backoff:
     return Backoff(settings.backoff_initial_s, settings.backoff_max_s)
 
 
-class Refused(Exception):
+class WrongModel(Exception):
     """The server serves another model than the run's: the worker must not use it."""
 
 
@@ -139,7 +139,7 @@ class GenerateWorker:
         self.intake = Intake(self.once or self.stage, window, self.stats, guard)
         self._starting: asyncio.Task[None] | None = None
         self._watching: asyncio.Task[None] | None = None
-        # why the server was refused at start (`Refused`); then `on_refused` (the app stops),
+        # why the server was refused at start (`WrongModel`); then `on_refused` (the app stops),
         # else it is logged
         self.refused: str | None = None
         self.on_refused = on_refused
@@ -163,7 +163,7 @@ class GenerateWorker:
 
     async def _start_server(self) -> None:
         """Wait for the server to answer, learn its model, then let the intake take prompts;
-        a server that serves another model than the run's raises Refused."""
+        a server that serves another model than the run's raises WrongModel."""
         url = self.client.base_url
         await self._ask(f"asking {url} for its model", self.client.discover)
         normalization = await self._ask(
@@ -182,7 +182,7 @@ class GenerateWorker:
         served = ServedModel.of(self.client.model, said.revision, said.tokenizer)
         self.refused = refusal(url, ServedModel.expected(self.settings), served)
         if self.refused is not None:
-            raise Refused(self.refused)
+            raise WrongModel(self.refused)
         way = await self._ask(f"asking {url} for token ids", self.client.probe_ids)
         log_ids_way(url, way)
         self.stats.exact_ids = ids_note(way)
@@ -231,7 +231,7 @@ class GenerateWorker:
     def _failed_start(self, task: asyncio.Task[None]) -> None:
         if task.cancelled() or (err := task.exception()) is None:
             return
-        if isinstance(err, Refused):  # one line, no traceback: the operator's to fix
+        if isinstance(err, WrongModel):  # one line, no traceback: the operator's to fix
             if self.on_refused is not None:
                 self.on_refused()
             else:

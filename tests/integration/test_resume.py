@@ -145,7 +145,7 @@ def generated_twice(kafka: KafkaSettings, stops: list[Stop], killed: Stop) -> li
     return broken
 
 
-def test_a_run_stopped_three_ways_resumes_to_the_dataset_of_an_uninterrupted_run(
+def test_a_run_stopped_four_ways_resumes_to_the_dataset_of_an_uninterrupted_run(
     pipeline, write_prompts, tmp_path: Path
 ) -> None:
     plain = write_prompts(PROMPT_COUNT, name="plain.jsonl")

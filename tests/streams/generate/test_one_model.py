@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from streams.generate.identity import ServedModel, ServerIdentity, ServerRoutes, refusal
-from streams.generate.worker import Refused
+from streams.generate.worker import WrongModel
 from tests.streams.generate.fakes import SERVER, FakeClient, FakeKafka, run, until, worker_for
 
 KIMI = ServedModel("Kimi-K2.6")
@@ -55,7 +55,7 @@ def test_a_worker_whose_server_serves_another_model_is_refused_at_start() -> Non
         client, kafka = FakeClient(), FakeKafka()
         client.served = "/mnt/a/Kimi-K2.5"
         worker = worker_for(client, kafka, expect_model="/mnt/b/Kimi-K2.6")
-        with pytest.raises(Refused) as refused:
+        with pytest.raises(WrongModel) as refused:
             await worker.start()
         assert worker.refused == str(refused.value)
         assert "Kimi-K2.5" in worker.refused and "Kimi-K2.6" in worker.refused
