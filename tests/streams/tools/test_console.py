@@ -17,6 +17,7 @@ def beat(
     *,
     paused: bool = False,
     auth: bool = False,
+    refusing: bool = False,
     ids: str = "",
     role: str = "generate",
     label: str = SERVER,
@@ -28,7 +29,11 @@ def beat(
         time=at,
         interval_s=5.0,
         started_at=at - 1.0,
-        gauges={"paused": float(paused or auth), "paused_auth": float(auth)},
+        gauges={
+            "paused": float(paused or auth or refusing),
+            "paused_auth": float(auth),
+            "refusing": float(refusing),
+        },
         notes={"exact_ids": ids} if ids else {},
         pid=pid,
     )
@@ -48,6 +53,19 @@ def test_a_server_that_does_not_answer_is_said_once_and_so_is_its_return() -> No
     assert back.startswith(f"server {SERVER} is answering again")
     assert way == f"server {SERVER}: token ids {ids}"
     assert watch.lines(beats(beat(1, NOW + 15, ids=ids)), NOW + 15) == []
+
+
+def test_a_server_that_fails_every_request_for_good_is_said_and_shown_refusing() -> None:
+    """A node answering 404 to everything (blame.py, rule 4): its own line on the console, and
+    `status` shows it paused for that reason, not as down."""
+    watch = ConsoleWatch()
+    [refusing] = watch.lines(beats(beat(1, refusing=True)), NOW)
+    assert refusing.startswith(f"server {SERVER} fails every request for good")
+    assert "dead-letters none" in refusing and "served model name" in refusing
+    [row] = server_rows([beat(1, refusing=True)], NOW)
+    assert row.paused and row.paused_for == "refusing"
+    [back] = watch.lines(beats(beat(1, NOW + 60)), NOW + 60)
+    assert back.startswith(f"server {SERVER} is answering again")
 
 
 def test_a_refused_api_key_and_a_server_without_exact_ids_are_said() -> None:
