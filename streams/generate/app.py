@@ -161,6 +161,8 @@ def build_generate_app(
 
         backlogs = KafkaBacklogs(kafka, prompts, kafka.group(GENERATE_GROUP))
         stealer = stealing = Stealer(worker, backlogs, once, owned)
+        if worker.once is not None:  # a worker alone in its group decides refusals itself
+            worker.once.peers.group_size = backlogs.members
 
         @app.task
         async def steal() -> None:

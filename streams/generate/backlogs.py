@@ -45,6 +45,18 @@ class KafkaBacklogs:
                 return sorted(p["partition"] for p in described.get("partitions") or [])
         return []  # not there (deleted): nothing to steal
 
+    async def members(self) -> int | None:
+        """How many workers the group has now (None: not known): one alone decides a refusal
+        by itself (streams/generate/blame.py)."""
+        admin = await self._admin_client()
+        for response in await admin.describe_consumer_groups([self.group]):
+            # DescribeGroupsResponse: (error_code, group_id, state, protocol_type, protocol,
+            # members, ...) per group
+            for group in response.groups:
+                if group[1] == self.group and not group[0]:
+                    return len(group[5])
+        return None
+
     async def ends(self, partitions: list[int]) -> dict[int, int]:
         consumer = await self._consumer_client()
         ends = await consumer.end_offsets([TopicPartition(self.topic, p) for p in partitions])

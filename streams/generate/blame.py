@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from streams.core.ledger import CRASH, Failure
+from streams.generate.ports import Ledger
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +80,52 @@ def _servers(failures: Sequence[Failure]) -> list[str]:
     return sorted({f.server for f in failures})
 
 
+# claim times without another worker's claim after which a worker is alone (rule 1): a worker
+# with a free slot steals a free prompt long before
+LONE_CLAIMS = 4
+
+
 def alone(last_claim_elsewhere: float | None, lone_s: float, now: float | None = None) -> bool:
     """No other worker has claimed anything for `lone_s`: nobody else to ask."""
     now = time.time() if now is None else now
     return last_claim_elsewhere is None or now - last_claim_elsewhere > lone_s
+
+
+class Peers:
+    """Who else could take a prompt that failed on this worker's server: other workers' claims
+    in the ledger, and, when the ledger shows none, the group (`group_size`, set by the app:
+    workers started together may not have claimed anything yet)."""
+
+    def __init__(self, ledger: Ledger, worker: str, server: str, claim_s: float):
+        self.ledger = ledger
+        self.worker = worker
+        self.server = server
+        self.lone_s = LONE_CLAIMS * claim_s
+        self.group_size: Callable[[], Awaitable[int | None]] | None = None
+        self._grouped = False  # the group had other workers when last asked
+
+    def _quiet(self) -> bool:
+        """No other worker's claim for `lone_s`."""
+        last = self.ledger.last_claim_elsewhere(self.worker)
+        return alone(last, self.lone_s, now=self.ledger.now())
+
+    def alone(self) -> bool:
+        return not self._grouped and self._quiet()
+
+    async def alone_now(self) -> bool:
+        """Alone by the ledger, and by the group when it can be asked."""
+        if not self._quiet():
+            return False
+        if self.group_size is not None:
+            try:
+                self._grouped = (await self.group_size() or 1) > 1
+            except Exception:  # not known: as the ledger says
+                self._grouped = False
+        return not self._grouped
+
+    def for_another(self, failures: Sequence[Failure]) -> bool:
+        """Failed on this server before, while another worker can take it."""
+        return failed_here(failures, self.server) and not self.alone()
 
 
 class RefusalWatch:
@@ -110,10 +153,12 @@ class RefusalWatch:
 
 __all__ = [
     "CRASHES",
+    "LONE_CLAIMS",
     "LONE_CRASHES",
     "REFUSERS",
     "REFUSING_AFTER",
     "SERVER_CRASH",
+    "Peers",
     "RefusalWatch",
     "alone",
     "failed_here",

@@ -52,9 +52,6 @@ log = logging.getLogger(__name__)
 
 # seconds a drain gives the claims of requests it cut off to be released (they lapse otherwise)
 RELEASE_S = 5.0
-# claim times without another worker's claim after which a worker is alone (blame.py, rule 1):
-# a worker with a free slot steals a free prompt long before
-LONE_CLAIMS = 4
 
 
 def prompt_mode(value: bytes) -> tuple[str, str, Policy | None]:
@@ -113,8 +110,8 @@ class OnceStage:
         # one suspect, or one request of a server on probation, at a time (blame.py, rules 3, 4)
         self._solo = asyncio.Lock()
         self.refusals = blame.RefusalWatch(gate.refusing)
-        # no other worker claiming for this long: nobody else to ask (blame.py, rule 1)
-        self.lone_s = LONE_CLAIMS * settings.claim_s
+        # who else could take a prompt that failed here (blame.py, rule 1)
+        self.peers = blame.Peers(ledger, self.worker_id, client.base_url, settings.claim_s)
         self.recorder = Recorder(stage, ledger, self.claims, client.base_url)
 
     def settings_key(self, regen: str, policy: Policy | None = None) -> str:
@@ -140,13 +137,7 @@ class OnceStage:
         )
 
     def _for_another(self, work: Work) -> bool:
-        """Failed on this server before, while other workers can take it (blame.py)."""
-        failed = blame.failed_here(self.ledger.failures(work.key), self.client.base_url)
-        return failed and not self._alone()
-
-    def _alone(self) -> bool:
-        last = self.ledger.last_claim_elsewhere(self.worker_id)
-        return blame.alone(last, self.lone_s, now=self.ledger.now())
+        return self.peers.for_another(self.ledger.failures(work.key))
 
     def requesting(self, key: bytes | None, raw: bytes) -> bool:
         return key is not None and self.work_of(key, raw).key in self._running
@@ -209,7 +200,7 @@ class OnceStage:
                 if stolen:
                     return False
                 with contextlib.suppress(TimeoutError):  # until news, or nobody else is left
-                    await asyncio.wait_for(self.ledger.watch(work.key).wait(), self.lone_s)
+                    await asyncio.wait_for(self.ledger.watch(work.key).wait(), self.peers.lone_s)
                 continue
             # a suspect, or any request of a server on probation: one at a time (blame.py)
             solo = self.refusals.on_probation or blame.suspect(self.ledger.failures(work.key))
@@ -257,7 +248,7 @@ class OnceStage:
                 failure = Failure(self.client.base_url, refused.error.kind, time.time())
                 self.refusals.refused(refused.error.kind)
             if failure is not None:
-                letter = self._blamed(work, value, failure)
+                letter = self._blamed(work, value, failure, await self.peers.alone_now())
                 if letter is None:
                     return None  # released with the failure: for another server
                 outputs = [letter]
@@ -271,10 +262,10 @@ class OnceStage:
                 del self._running[work.key]
                 done.set_result(None)
 
-    def _blamed(self, work: Work, value: bytes, failure: Failure) -> Letter | None:
+    def _blamed(self, work: Work, value: bytes, failure: Failure, alone: bool) -> Letter | None:
         """The prompt's dead letter when its failures, with this one, are its own fault
         (streams/generate/blame.py); None: it goes back to be tried by another server."""
-        blamed = blame.verdict((*self.ledger.failures(work.key), failure), self._alone())
+        blamed = blame.verdict((*self.ledger.failures(work.key), failure), alone)
         if blamed is None:
             log.info(
                 "%s failed on %s (%s): next server", work.prompt_id, failure.server, failure.kind

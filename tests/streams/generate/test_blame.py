@@ -290,3 +290,30 @@ def test_a_request_that_times_out_on_a_busy_server_spends_its_attempts() -> None
         await worker.stop()
 
     run(scenario)
+
+
+def test_a_worker_that_sees_no_other_claim_asks_its_group_before_deciding_alone() -> None:
+    """Workers started together: the refusing node's first refusals come before any other
+    worker's claim is in its ledger. Its group has other members, so it does not decide alone:
+    the prompt goes back (before, CI saw 4 of 120 prompts dead-lettered so)."""
+
+    async def scenario() -> None:
+        client, kafka = FakeClient(), FakeKafka()
+        client.always["p"] = status_error(404, "model not found")
+        worker, ledger = await once_worker(client, kafka)
+        assert worker.once is not None
+        asked: list[int] = []
+
+        async def three_members() -> int:
+            asked.append(3)
+            return 3
+
+        worker.once.peers.group_size = three_members
+        await worker.submit(kafka.event(0, "p"))
+        await until(lambda: ledger.failures(work(worker, "p")), "the refusal recorded")
+        await until(lambda: not ledger.claims, "the claim released")
+        assert kafka.letters() == [] and asked == [3]
+        assert worker.spoken_for("p", prompt("p"))  # for another server now
+        await worker.stop()
+
+    run(scenario)
