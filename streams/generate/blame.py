@@ -9,7 +9,8 @@ prompt goes back for another server. The rules, applied by the worker that holds
 
 1. A permanent refusal (a 4xx other than the credentials', `context_too_long`, a 5xx after every
    attempt) is the prompt's when REFUSERS servers refused it, or when no other worker has
-   claimed anything for `lone_s` (a fleet of one: nobody else to ask).
+   claimed anything for `lone_s` and the consumer group has no other member (a fleet of one:
+   nobody else to ask; `Peers`).
 2. A crash (the server went down or stopped answering while the prompt ran on it) is a Failure
    of every prompt running there. A prompt that was running at CRASHES crashes of at least two
    servers, or at LONE_CRASHES of one, is the dead letter `server_crash` naming them; the other
