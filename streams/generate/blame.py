@@ -27,14 +27,11 @@ prompt goes back for another server. The rules, applied by the worker that holds
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from streams.core.ledger import CRASH, Failure
 from streams.generate.ports import Ledger
-
-log = logging.getLogger(__name__)
 
 REFUSERS = 2  # distinct servers whose refusal makes it the prompt's
 CRASHES = 2  # crashes (of at least two servers) a prompt may be running at before its letter

@@ -29,36 +29,16 @@ from tests.benchmarks.fleet_faults import (
     refusing_node,
     skewed_clocks,
 )
-from tests.benchmarks.work_scenarios import Fleet, FleetPlan, ScenarioResult
-from tests.integration.test_work_distribution import assert_sealed_once
+from tests.integration.test_work_distribution import assert_sealed_once, run
 
 pytestmark = pytest.mark.integration
 
 SERVERS, PROMPTS = 3, 120
 
 
-def run(pipeline, tmp_path: Path, plan: FleetPlan, scenario) -> tuple[ScenarioResult, object]:
-    pipeline.partitions = plan.partitions
-    fleet = Fleet(
-        pipeline.stack,
-        pipeline.kafka,
-        pipeline.tokenizer_dir,
-        tmp_path / "fleet",
-        plan,
-        env=pipeline.env,
-        say=print,
-    )
-    tokenize = pipeline.tokenize()
-    try:
-        result = scenario(fleet)
-    finally:
-        fleet.stop()
-    print(result.report())
-    return result, tokenize
-
-
 def test_a_node_that_refuses_everything_dead_letters_nothing(pipeline, tmp_path: Path) -> None:
-    result, tokenize = run(pipeline, tmp_path, plans(SERVERS, PROMPTS)["refusing"], refusing_node)
+    plan = plans(SERVERS, PROMPTS)["refusing"]
+    result, tokenize = run(pipeline, tmp_path, plan, refusing_node)
     report, measures = result.report(), result.measures
     assert measures["finished_s"] is not None, report
     assert not result.lost, report

@@ -104,14 +104,17 @@ def test_a_busy_server_slow_to_answer_its_probe_keeps_its_requests_and_gets_no_n
     run(scenario)
 
 
-def test_a_server_that_refuses_connections_closes_the_gate_and_ends_its_requests() -> None:
+def closes_the_gate_and_redoes_its_request(answer: str, **overrides: float) -> None:
+    """The server's probe answers `answer` while a request runs: the gate closes (down), the
+    request ends without an outcome, and it is done once the server is back."""
+
     async def scenario() -> None:
         client, kafka = ProbedClient(), FakeKafka()
-        worker, ledger = await once_worker(client, kafka, health_watch_s=0.005)
-        client.gates["p0"] = asyncio.Event()
+        worker, ledger = await once_worker(client, kafka, health_watch_s=0.005, **overrides)
+        client.gates["p0"] = asyncio.Event()  # not answered while the server is gone or hung
         await worker.submit(kafka.event(0, "p0"))
         await until(lambda: client.requests == ["p0"], "the request running")
-        client.answer = DOWN  # connection refused: nothing listens any more
+        client.answer = answer
         await until(lambda: worker.stats.paused_for == DOWN, "the gate closed")
         await until(lambda: worker.stats.in_flight == 0 and not ledger.claims, "the request ended")
         assert kafka.acked() == [] and kafka.letters() == []
@@ -125,31 +128,16 @@ def test_a_server_that_refuses_connections_closes_the_gate_and_ends_its_requests
     run(scenario)
 
 
+def test_a_server_that_refuses_connections_closes_the_gate_and_ends_its_requests() -> None:
+    closes_the_gate_and_redoes_its_request(DOWN)  # connection refused: nothing listens
+
+
 def test_a_hung_server_that_makes_no_progress_still_closes_the_gate(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """SIGSTOP, a hung collective: nothing refuses, but no request finishes and no probe
     answers for --health-stall-s, so its requests go to other servers."""
-
-    async def scenario() -> None:
-        client, kafka = ProbedClient(), FakeKafka()
-        worker, ledger = await once_worker(client, kafka, health_watch_s=0.005, health_stall_s=0.2)
-        client.gates["p0"] = asyncio.Event()  # never answered while hung
-        await worker.submit(kafka.event(0, "p0"))
-        await until(lambda: client.requests == ["p0"], "the request running")
-        client.answer = SLOW
-        await until(lambda: worker.stats.paused_for == DOWN, "the gate closed")
-        await until(lambda: worker.stats.in_flight == 0 and not ledger.claims, "the request ended")
-        assert kafka.acked() == [] and kafka.letters() == []
-
-        client.answer = None
-        client.gates["p0"].set()
-        await until(lambda: kafka.acked() == [0], "done once the server is back")
-        assert client.requests == ["p0", "p0"]
-        await worker.stop()
-
-    with caplog.at_level("INFO"):
-        run(scenario)
+    closes_the_gate_and_redoes_its_request(SLOW, health_stall_s=0.2)
     assert "finished no request and answered no health probe" in caplog.text
 
 
